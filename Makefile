@@ -1,0 +1,50 @@
+# One target per stage; `make test` and `make demo` set themselves up on a fresh clone.
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+TRAJLAKE := $(VENV)/bin/trajlake
+STAMP := $(VENV)/.trajlake-setup
+LAKE ?= lake
+PYTEST_ARGS ?=
+# DeepSpeed runs on the CPU unless told otherwise.
+export DS_ACCELERATOR ?= cpu
+
+.PHONY: setup test test-slow test-all demo sql snapshots maintain lint clean
+
+setup: $(STAMP)
+
+# torch first, from the CPU build on disk (any other torch pulls GBs of CUDA packages), then DeepSpeed
+# without build isolation (its sdist imports torch to build), then the project with its dev extras.
+$(STAMP): pyproject.toml Makefile
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q torch==2.13.0 setuptools wheel
+	DS_BUILD_OPS=0 $(PY) -m pip install -q --no-build-isolation 'deepspeed>=0.15'
+	$(PY) -m pip install -q -e '.[dev]'
+	touch $(STAMP)
+
+test: setup
+	$(PY) -m pytest -q $(PYTEST_ARGS)
+
+test-slow: setup
+	$(PY) -m pytest -q -m slow $(PYTEST_ARGS)
+
+test-all: setup
+	$(PY) -m pytest -q -m 'slow or not slow' $(PYTEST_ARGS)
+
+demo: setup
+	$(PY) -m trajlake.demo --lake $(LAKE)
+
+sql: setup
+	$(TRAJLAKE) --lake $(LAKE) sql
+
+snapshots: setup
+	$(TRAJLAKE) --lake $(LAKE) snapshots
+
+maintain: setup
+	$(TRAJLAKE) --lake $(LAKE) maintain
+
+lint: setup
+	$(VENV)/bin/ruff check .
+
+clean:
+	rm -rf $(LAKE) lake_data models reports

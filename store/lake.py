@@ -1,0 +1,324 @@
+"""The versioned trajectory store: a DuckLake catalog plus parquet data files.
+
+Every write is one transaction and so one DuckLake snapshot, with a commit message naming the stage and
+run id. Appends are validated against the schemas first and are idempotent by key. Reads can pin any
+snapshot. See `store.uri` for the catalog backends.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import threading
+import time
+import uuid
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from datetime import timedelta
+from typing import Any, Literal
+
+import duckdb
+import polars as pl
+import pyarrow as pa
+
+from trajlake.schemas.tables import TABLES, duckdb_type, table_def
+from trajlake.store import extensions
+from trajlake.store.errors import CatalogError, LakeLockedError, SnapshotError, TrajlakeError
+from trajlake.store.uri import CatalogURI, parse_uri
+from trajlake.store.validate import conform
+
+ALIAS = "lake"
+#: Transient errors of concurrent writers that a retry resolves.
+_RETRYABLE = ("conflict", "database is locked", "could not serialize", "deadlock", "busy")
+MAX_RETRIES = 30
+
+
+@dataclass(frozen=True)
+class CommitResult:
+    """What one append did: the snapshot it made (None when every row was already stored)."""
+
+    snapshot_id: int | None
+    inserted: dict[str, int] = field(default_factory=dict)
+    skipped: dict[str, int] = field(default_factory=dict)
+
+
+class Lake:
+    """A trajectory lake. Open with `Lake.open(uri)`; safe to share between threads of one process."""
+
+    def __init__(self, con: duckdb.DuckDBPyConnection, catalog: CatalogURI):
+        self._con = con
+        self.catalog = catalog
+        self._lock = threading.Lock()  # guards the base connection, which is used only to make cursors
+
+    # ---- opening -------------------------------------------------------------------------------
+    @classmethod
+    def open(cls, uri: str | None = None) -> Lake:
+        """Open (creating if new) the lake at `uri`: a folder, `sqlite:FILE` or `postgres:CONNINFO`."""
+        catalog = parse_uri(uri)
+        catalog.prepare()
+        con = extensions.connect()
+        try:
+            con.execute(catalog.attach_sql(ALIAS))
+        except duckdb.Error as e:
+            con.close()
+            msg = str(e)
+            if "Could not set lock" in msg or "Conflicting lock" in msg:
+                holder = msg.split("Conflicting lock is held in", 1)[-1].split("See also")[0].strip()
+                raise LakeLockedError(
+                    f"lake {catalog.raw} is open in another process ({holder}); a DuckDB-file catalog admits "
+                    "one process at a time: for several processes use a sqlite:FILE or postgres:CONNINFO lake"
+                ) from None
+            raise CatalogError(f"cannot open lake {catalog.raw}: {_first_line(msg)}") from None
+        lake = cls(con, catalog)
+        lake._ensure_tables()
+        return lake
+
+    def _ensure_tables(self) -> None:
+        """Create missing tables and add columns the schemas gained since the lake was made."""
+        cur = self._cursor()
+        existing = {
+            (t, c)
+            for t, c in cur.execute(
+                "SELECT table_name, column_name FROM duckdb_columns() WHERE database_name = ?", [ALIAS]
+            ).fetchall()
+        }
+        tables = {t for t, _ in existing}
+        statements = []
+        for tdef in TABLES.values():
+            if tdef.name not in tables:
+                statements.append(tdef.ddl(ALIAS))
+                continue
+            for f in tdef.schema:
+                if (tdef.name, f.name) not in existing:
+                    statements.append(f"ALTER TABLE {ALIAS}.{tdef.name} ADD COLUMN {f.name} {duckdb_type(f)}")
+        options = dict(cur.execute(f"SELECT option_name, value FROM {ALIAS}.options()").fetchall())
+        if not statements and options.get("parquet_version") == "V2":
+            return
+        self._transaction(
+            lambda c: [c.execute(s) for s in statements]
+            + [c.execute(f"CALL {ALIAS}.set_option('parquet_version', '2')")],
+            stage="store",
+            message="store: create or upgrade tables",
+        )
+
+    def close(self) -> None:
+        self._con.close()
+
+    def __enter__(self) -> Lake:
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+    def _cursor(self) -> duckdb.DuckDBPyConnection:
+        with self._lock:
+            return self._con.cursor()
+
+    # ---- writing -------------------------------------------------------------------------------
+    def append(
+        self,
+        data: Mapping[str, Any],
+        *,
+        stage: str,
+        run_id: str | None = None,
+        message: str | None = None,
+    ) -> CommitResult:
+        """Append rows to one or more tables in one transaction (one snapshot).
+
+        `data` maps table names to Arrow tables, polars DataFrames or lists of records. Everything is
+        validated before anything is written. Rows whose key is already stored are skipped, so a writer
+        that died after committing can retry without duplicates. Returns the snapshot made, or None.
+        """
+        if not data:
+            raise TrajlakeError("append needs at least one table")
+        staged = {name: conform(rows, table_def(name)) for name, rows in data.items()}
+        inserted: dict[str, int] = {}
+
+        def write(cur: duckdb.DuckDBPyConnection) -> bool:
+            inserted.clear()
+            for name, table in staged.items():
+                view = f"_incoming_{name}"
+                cur.register(view, table)
+                key = table_def(name).key
+                match = " AND ".join(f"t.{k} = i.{k}" for k in key)
+                n = cur.execute(
+                    f"INSERT INTO {ALIAS}.{name} SELECT * FROM {view} i "
+                    f"WHERE NOT EXISTS (SELECT 1 FROM {ALIAS}.{name} t WHERE {match})"
+                ).fetchone()[0]
+                cur.unregister(view)
+                inserted[name] = int(n)
+            return any(inserted.values())
+
+        msg = message or f"{stage}: append " + ", ".join(f"{n} ({t.num_rows})" for n, t in staged.items())
+        snapshot = self._transaction(write, stage=stage, message=msg, run_id=run_id)
+        skipped = {name: staged[name].num_rows - inserted.get(name, 0) for name in staged}
+        return CommitResult(snapshot, dict(inserted), skipped)
+
+    def update(
+        self,
+        table: str,
+        key: Mapping[str, Any],
+        values: Mapping[str, Any],
+        *,
+        stage: str,
+        run_id: str | None = None,
+        message: str | None = None,
+    ) -> int | None:
+        """Set `values` on the row of `table` with `key` (e.g. a run's status), in one snapshot."""
+        tdef = table_def(table)
+        if set(key) != set(tdef.key):
+            raise TrajlakeError(f"update of {table} needs its key {tdef.key}, got {tuple(key)}")
+        unknown = [c for c in values if c not in tdef.schema.names or c in tdef.key]
+        if unknown:
+            raise TrajlakeError(f"cannot update column(s) {', '.join(unknown)} of {table}")
+        sets = ", ".join(f"{c} = ?" for c in values)
+        where = " AND ".join(f"{k} = ?" for k in key)
+        params = [json.dumps(v) if _is_json_col(table, c) and v is not None else v for c, v in values.items()]
+
+        def write(cur: duckdb.DuckDBPyConnection) -> bool:
+            n = cur.execute(f"UPDATE {ALIAS}.{table} SET {sets} WHERE {where}", params + list(key.values()))
+            return bool(n.fetchone()[0])
+
+        return self._transaction(write, stage=stage, run_id=run_id, message=message or f"{stage}: update {table}")
+
+    def _transaction(self, write, *, stage: str, message: str, run_id: str | None = None) -> int | None:
+        """Run `write(cursor)` in one transaction with a commit message; retry transient conflicts.
+
+        `write` returns whether it changed anything; if not, the transaction is rolled back and no
+        snapshot is made. Returns the snapshot id committed, or None.
+        """
+        extra = json.dumps({"stage": stage, "run_id": run_id, "commit": uuid.uuid4().hex})
+        for attempt in range(MAX_RETRIES):
+            cur = self._cursor()
+            try:
+                cur.execute("BEGIN TRANSACTION")
+                changed = write(cur)
+                if changed is False:
+                    cur.execute("ROLLBACK")
+                    return None
+                cur.execute(
+                    f"CALL {ALIAS}.set_commit_message(?, ?, extra_info => ?)", [stage, message, extra]
+                )
+                cur.execute("COMMIT")
+                return cur.execute(f"SELECT id FROM {ALIAS}.last_committed_snapshot()").fetchone()[0]
+            except duckdb.Error as e:
+                _rollback(cur)
+                if attempt + 1 < MAX_RETRIES and any(s in str(e).lower() for s in _RETRYABLE):
+                    time.sleep(min(0.01 * 2**attempt, 0.5) * (0.5 + random.random()))
+                    continue
+                raise TrajlakeError(f"{stage}: write failed, nothing was stored: {_first_line(str(e))}") from e
+            finally:
+                cur.close()
+        raise AssertionError("unreachable")
+
+    # ---- reading -------------------------------------------------------------------------------
+    def query(
+        self,
+        sql: str,
+        params: list | None = None,
+        *,
+        snapshot: int | None = None,
+        output: Literal["polars", "arrow"] = "polars",
+    ) -> pl.DataFrame | pa.Table:
+        """Run `sql` over the store's tables (bare names: `episodes`, `turns`, ...).
+
+        With `snapshot`, every table is read as it was at that snapshot. Returns polars or Arrow.
+        """
+        cur = self._cursor()
+        try:
+            if snapshot is None:
+                cur.execute(f"USE {ALIAS}")
+            else:
+                self._pin(cur, snapshot)
+            try:
+                rel = cur.execute(sql, params) if params else cur.sql(sql)
+                if rel is None:
+                    return pl.DataFrame() if output == "polars" else pa.table({})
+                table = rel.to_arrow_table() if hasattr(rel, "to_arrow_table") else rel.fetch_arrow_table()
+            except duckdb.Error as e:
+                raise TrajlakeError(f"query failed: {_first_line(str(e))}") from None
+            return pl.from_arrow(table) if output == "polars" else table
+        finally:
+            cur.close()
+
+    def _pin(self, cur: duckdb.DuckDBPyConnection, snapshot: int) -> None:
+        ids = [r[0] for r in cur.execute(f"SELECT snapshot_id FROM ducklake_snapshots('{ALIAS}')").fetchall()]
+        if snapshot not in ids:
+            raise SnapshotError(f"snapshot {snapshot} does not exist (snapshots {min(ids)}..{max(ids)})")
+        for name in TABLES:
+            try:
+                cur.execute(
+                    f"CREATE TEMP VIEW {name} AS SELECT * FROM {ALIAS}.{name} AT (VERSION => {int(snapshot)})"
+                )
+            except duckdb.Error:
+                raise SnapshotError(f"snapshot {snapshot} predates table {name}") from None
+
+    def snapshots(self) -> pl.DataFrame:
+        """Every snapshot: id, time, stage (author), message, run id, and what changed."""
+        return self.query(
+            f"SELECT snapshot_id, snapshot_time, author AS stage, commit_message AS message, "
+            f"json_extract_string(commit_extra_info, '$.run_id') AS run_id, changes "
+            f"FROM ducklake_snapshots('{ALIAS}') ORDER BY snapshot_id"
+        )
+
+    def current_snapshot(self) -> int:
+        cur = self._cursor()
+        try:
+            return cur.execute(f"SELECT id FROM {ALIAS}.current_snapshot()").fetchone()[0]
+        finally:
+            cur.close()
+
+    def count(self, table: str, *, snapshot: int | None = None) -> int:
+        table_def(table)
+        return int(self.query(f"SELECT count(*) AS n FROM {table}", snapshot=snapshot)["n"][0])
+
+    # ---- maintenance ---------------------------------------------------------------------------
+    def maintain(self, *, expire_older_than: timedelta | None = None, grace: timedelta = timedelta(hours=1)) -> dict:
+        """Flush inlined rows to parquet, merge small files, expire old snapshots, delete unused files.
+
+        Only files older than `grace` are deleted, so a file a live writer is still writing (not yet in
+        any snapshot) is never touched. Snapshots are expired only when `expire_older_than` is given.
+        """
+        if grace < timedelta(0):
+            raise TrajlakeError("grace must not be negative")
+        done: dict[str, Any] = {}
+        cur = self._cursor()
+        try:
+            cur.execute(f"CALL ducklake_flush_inlined_data('{ALIAS}')")
+            cur.execute(f"CALL ducklake_merge_adjacent_files('{ALIAS}')")
+            if expire_older_than is not None:
+                rows = cur.execute(
+                    f"CALL ducklake_expire_snapshots('{ALIAS}', older_than => now() - to_microseconds(?))",
+                    [int(expire_older_than.total_seconds() * 1e6)],
+                ).fetchall()
+                done["snapshots_expired"] = len(rows)
+            cutoff = [int(grace.total_seconds() * 1e6)]
+            done["old_files_deleted"] = len(cur.execute(
+                f"CALL ducklake_cleanup_old_files('{ALIAS}', older_than => now() - to_microseconds(?))", cutoff
+            ).fetchall())
+            done["orphans_deleted"] = len(cur.execute(
+                f"CALL ducklake_delete_orphaned_files('{ALIAS}', older_than => now() - to_microseconds(?))", cutoff
+            ).fetchall())
+        except duckdb.Error as e:
+            raise TrajlakeError(f"maintain failed: {_first_line(str(e))}") from None
+        finally:
+            cur.close()
+        done["snapshot"] = self.current_snapshot()
+        return done
+
+
+def _is_json_col(table: str, column: str) -> bool:
+    from trajlake.schemas.tables import is_json
+
+    return is_json(TABLES[table].schema.field(column))
+
+
+def _rollback(cur: duckdb.DuckDBPyConnection) -> None:
+    try:
+        cur.execute("ROLLBACK")
+    except duckdb.Error:
+        pass
+
+
+def _first_line(msg: str) -> str:
+    return msg.strip().splitlines()[0] if msg.strip() else msg

@@ -1,0 +1,125 @@
+"""Check data against a table's schema before anything is written, and bring it to the exact types.
+
+Accepted: Arrow tables or record batches, polars DataFrames, and lists of record types. Types of the same
+kind are cast losslessly (int64 -> int32 when the values fit, large_string -> string, naive timestamps read
+as UTC); a value that does not fit, a column of another kind, an unknown column, a missing required column,
+a null key or a key repeated within the batch is a SchemaError naming the table and column.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import duckdb
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from trajlake.schemas.records import to_table
+from trajlake.schemas.tables import TableDef, is_json
+from trajlake.store.errors import SchemaError
+
+
+def as_arrow(data: Any, tdef: TableDef) -> pa.Table:
+    if isinstance(data, pa.Table):
+        return data
+    if isinstance(data, pa.RecordBatch):
+        return pa.Table.from_batches([data])
+    if hasattr(data, "to_arrow") and type(data).__module__.startswith("polars"):
+        return data.to_arrow()
+    if isinstance(data, Sequence) and not isinstance(data, (str, bytes)):
+        try:
+            return to_table(list(data), tdef.name)
+        except (TypeError, pa.ArrowException) as e:
+            raise SchemaError(f"{tdef.name}: records do not fit the schema: {e}") from None
+    raise SchemaError(
+        f"{tdef.name}: cannot append a {type(data).__name__}; give an Arrow table, a polars DataFrame or records"
+    )
+
+
+def _kind(t: pa.DataType) -> str:
+    if pa.types.is_null(t):
+        return "null"
+    if pa.types.is_integer(t):
+        return "int"
+    if pa.types.is_floating(t):
+        return "float"
+    if pa.types.is_string(t) or pa.types.is_large_string(t) or pa.types.is_string_view(t):
+        return "string"
+    if pa.types.is_boolean(t):
+        return "bool"
+    if pa.types.is_timestamp(t):
+        return "timestamp"
+    if pa.types.is_list(t) or pa.types.is_large_list(t) or pa.types.is_list_view(t):
+        return "list<" + _kind(t.value_type) + ">"
+    if pa.types.is_map(t):
+        return "map"
+    return str(t)
+
+
+def _compatible(src: pa.DataType, dst: pa.DataType) -> bool:
+    s, d = _kind(src), _kind(dst)
+    if s == "null" or s == d:
+        return True
+    # ints widen to floats; a list of ints fits a list of floats
+    return (s, d) in {("int", "float"), ("list<int>", "list<float>"), ("list<null>", d)}
+
+
+def conform(data: Any, tdef: TableDef) -> pa.Table:
+    """Validate `data` against `tdef` and return it with exactly the table's schema."""
+    table = as_arrow(data, tdef)
+    schema = tdef.schema
+    unknown = [c for c in table.column_names if c not in schema.names]
+    if unknown:
+        raise SchemaError(f"{tdef.name}: unknown column(s) {', '.join(unknown)}; columns are {', '.join(schema.names)}")
+    if len(set(table.column_names)) != len(table.column_names):
+        raise SchemaError(f"{tdef.name}: a column appears twice")
+    columns = []
+    for f in schema:
+        if f.name not in table.column_names:
+            if not f.nullable:
+                raise SchemaError(f"{tdef.name}: required column {f.name} is missing")
+            columns.append(pa.nulls(table.num_rows, f.type))
+            continue
+        col = table.column(f.name)
+        if not _compatible(col.type, f.type):
+            raise SchemaError(f"{tdef.name}.{f.name}: expected {f.type}, got {col.type}")
+        if pa.types.is_timestamp(col.type) and col.type.tz is None:
+            col = pc.assume_timezone(col, "UTC")
+        try:
+            col = col.cast(f.type, safe=True)
+        except (pa.ArrowInvalid, pa.ArrowNotImplementedError) as e:
+            raise SchemaError(f"{tdef.name}.{f.name}: values do not fit {f.type}: {e}") from None
+        if not f.nullable and col.null_count:
+            raise SchemaError(f"{tdef.name}.{f.name}: {col.null_count} null value(s) in a required column")
+        columns.append(col)
+    out = pa.Table.from_arrays(columns, schema=schema)
+    _check_json(out, tdef)
+    _check_unique_keys(out, tdef)
+    return out
+
+
+def _check_json(table: pa.Table, tdef: TableDef) -> None:
+    for f in tdef.schema:
+        if not is_json(f) or table.column(f.name).null_count == table.num_rows:
+            continue
+        con = duckdb.connect()
+        con.register("col", pa.table({"v": table.column(f.name)}))
+        bad = con.sql(
+            "SELECT i, v FROM (SELECT row_number() OVER () - 1 AS i, v FROM col) "
+            "WHERE v IS NOT NULL AND NOT json_valid(v) LIMIT 1"
+        ).fetchall()
+        con.close()
+        if bad:
+            i, v = bad[0]
+            raise SchemaError(f"{tdef.name}.{f.name}: row {i} is not valid JSON: {v[:80]!r}")
+
+
+def _check_unique_keys(table: pa.Table, tdef: TableDef) -> None:
+    if table.num_rows < 2:
+        return
+    counts = table.group_by(list(tdef.key)).aggregate([([], "count_all")])
+    dup = counts.filter(pc.greater(counts["count_all"], 1))
+    if dup.num_rows:
+        first = {k: dup.column(k)[0].as_py() for k in tdef.key}
+        raise SchemaError(f"{tdef.name}: key {first} appears {dup['count_all'][0].as_py()} times in one append")
