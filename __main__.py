@@ -1,0 +1,5 @@
+import sys
+
+from trajlake.cli import main
+
+sys.exit(main())

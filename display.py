@@ -1,0 +1,132 @@
+"""Showing query results to people: rich tables, CSV/JSON/parquet output, the SQL shell, durations."""
+
+from __future__ import annotations
+
+import enum
+import re
+import sys
+from datetime import timedelta
+from pathlib import Path
+
+import polars as pl
+from rich.console import Console
+from rich.table import Table
+
+from trajlake.store import TrajlakeError
+
+console = Console()
+MAX_ROWS = 50
+MAX_CELL = 60
+
+
+class Format(str, enum.Enum):
+    table = "table"
+    csv = "csv"
+    json = "json"
+    parquet = "parquet"
+
+
+def _cell(v) -> str:
+    s = "NULL" if v is None else str(v)
+    return s if len(s) <= MAX_CELL else s[: MAX_CELL - 1] + "…"
+
+
+def _type_name(dtype: pl.DataType) -> str:
+    return str(dtype).split("(")[0].lower()
+
+
+def render_table(df: pl.DataFrame, max_rows: int = MAX_ROWS) -> Table:
+    table = Table(show_header=True, header_style="bold")
+    for name, dtype in df.schema.items():
+        table.add_column(f"{name}\n[dim]{_type_name(dtype)}[/dim]", overflow="fold")
+    for row in df.head(max_rows).iter_rows():
+        table.add_row(*(_cell(v) for v in row))
+    if df.height > max_rows:
+        table.caption = f"{df.height} rows, first {max_rows} shown (use --format csv or --out for all)"
+    else:
+        table.caption = f"{df.height} row{'s' if df.height != 1 else ''}"
+    return table
+
+
+def emit(df: pl.DataFrame, fmt: Format, out: Path | None, max_rows: int = MAX_ROWS) -> None:
+    """Write `df` in `fmt` to `out` (a file) or stdout."""
+    fmt = Format(fmt)
+    if fmt is Format.parquet:
+        if out is None:
+            raise TrajlakeError("--format parquet needs --out PATH")
+        out.parent.mkdir(parents=True, exist_ok=True)
+        df.write_parquet(out)
+        console.print(f"wrote {df.height} rows to {out}")
+        return
+    if fmt is Format.table:
+        if out is not None:
+            with open(out, "w") as f:
+                Console(file=f, width=200).print(render_table(df, max_rows=df.height))
+        else:
+            console.print(render_table(df, max_rows))
+        return
+    # csv/json cannot hold nested lists in every tool; polars writes lists in JSON and refuses them in CSV
+    if fmt is Format.csv:
+        nested = [c for c, t in df.schema.items() if isinstance(t, (pl.List, pl.Struct, pl.Array))]
+        df = df.with_columns(pl.col(c).map_elements(str, return_dtype=pl.String) for c in nested)
+        text = df.write_csv()
+    else:
+        text = df.write_json()
+    if out is not None:
+        Path(out).write_text(text)
+    else:
+        sys.stdout.write(text if text.endswith("\n") else text + "\n")
+
+
+def shell(lake, snapshot: int | None = None) -> None:
+    """A small SQL shell: statements end with `;`, `.snapshot N` pins a snapshot, `.quit` leaves."""
+    interactive = sys.stdin.isatty()
+    if interactive:
+        try:
+            import readline  # noqa: F401 (line editing and history for input())
+        except ImportError:
+            pass
+        console.print(f"trajlake SQL on {lake.catalog.raw}; end statements with ';', .help for commands")
+    buffer: list[str] = []
+    while True:
+        try:
+            line = input("trajlake> " if not buffer else "      ...> ") if interactive else sys.stdin.readline()
+        except EOFError:
+            break
+        if not interactive and line == "":
+            break
+        stripped = line.strip()
+        if not buffer and stripped.startswith("."):
+            cmd, *arg = stripped.split()
+            if cmd in (".quit", ".exit"):
+                break
+            if cmd == ".snapshot":
+                snapshot = int(arg[0]) if arg else None
+                console.print(f"reading snapshot {snapshot if snapshot is not None else 'latest'}")
+            elif cmd == ".tables":
+                emit(lake.query("SELECT table_name FROM duckdb_tables() WHERE database_name = 'lake'"),
+                     Format.table, None)
+            else:
+                console.print(".tables | .snapshot [N] | .quit")
+            continue
+        buffer.append(line)
+        if stripped.endswith(";"):
+            statement = "\n".join(buffer)
+            buffer.clear()
+            try:
+                emit(lake.query(statement, snapshot=snapshot), Format.table, None)
+            except TrajlakeError as e:
+                console.print(f"[red]error:[/red] {e}")
+    if buffer and "".join(buffer).strip():
+        emit(lake.query("\n".join(buffer), snapshot=snapshot), Format.table, None)
+
+
+_UNITS = {"s": "seconds", "m": "minutes", "h": "hours", "d": "days", "w": "weeks"}
+
+
+def parse_duration(text: str) -> timedelta:
+    """'90s', '30m', '12h', '7d', '2w' -> timedelta."""
+    m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([smhdw])\s*", text or "")
+    if not m:
+        raise TrajlakeError(f"bad duration {text!r}: use a number and a unit s, m, h, d or w (e.g. 7d)")
+    return timedelta(**{_UNITS[m.group(2)]: float(m.group(1))})

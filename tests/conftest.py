@@ -1,0 +1,79 @@
+"""Shared fixtures: every lake lives in tmp_path; store tests run against every catalog backend."""
+
+from __future__ import annotations
+
+import os
+import uuid
+from pathlib import Path
+
+import pytest
+
+from trajlake.store import Lake
+
+#: libpq conninfo of the PostgreSQL server the postgres-backend tests use.
+PG_ENV = "TRAJLAKE_TEST_PG"
+PG_DEFAULT = "dbname=test host=127.0.0.1 user=postgres"
+BACKENDS = ["duckdb", "sqlite", "postgres"]
+SHARED = Path(__file__).resolve().parents[1].parent / "shared"
+
+
+@pytest.fixture(autouse=True)
+def _isolated(tmp_path, monkeypatch):
+    """Run each test in its own folder, so the default lake (./lake) is a fresh one in tmp_path."""
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("TRAJLAKE_LAKE", str(tmp_path / "lake"))
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setenv("TRANSFORMERS_OFFLINE", "1")
+
+
+def pg_conninfo() -> str:
+    return os.environ.get(PG_ENV, PG_DEFAULT)
+
+
+def _pg_available() -> str | None:
+    """None when the PostgreSQL server answers, else why not."""
+    try:
+        import psycopg
+    except ImportError:
+        return "psycopg is not installed (pip install -e .[dev])"
+    try:
+        with psycopg.connect(pg_conninfo(), connect_timeout=3):
+            return None
+    except Exception as e:  # any failure to connect means: skip, saying why
+        return f"no PostgreSQL at '{pg_conninfo()}' ({str(e).strip().splitlines()[0]}); set {PG_ENV} to a conninfo"
+
+
+@pytest.fixture
+def pg_schema():
+    """A fresh PostgreSQL schema for one test's catalog, dropped afterwards."""
+    why = _pg_available()
+    if why:
+        pytest.skip(why)
+    import psycopg
+
+    schema = "trajlake_test_" + uuid.uuid4().hex[:12]
+    yield schema
+    with psycopg.connect(pg_conninfo(), autocommit=True) as con:
+        con.execute(f'DROP SCHEMA IF EXISTS "{schema}" CASCADE')
+
+
+def make_uri(backend: str, tmp_path: Path, request) -> str:
+    if backend == "duckdb":
+        return str(tmp_path / "lake")
+    if backend == "sqlite":
+        return f"sqlite:{tmp_path / 'catalog.sqlite'}"
+    schema = request.getfixturevalue("pg_schema")
+    return f"postgres:{pg_conninfo()} metadata_schema={schema} data_path={tmp_path / 'pgdata'}"
+
+
+@pytest.fixture(params=BACKENDS)
+def lake_uri(request, tmp_path) -> str:
+    """The URI of an empty lake on each catalog backend in turn."""
+    return make_uri(request.param, tmp_path, request)
+
+
+@pytest.fixture
+def lake(lake_uri):
+    lk = Lake.open(lake_uri)
+    yield lk
+    lk.close()
