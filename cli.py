@@ -136,21 +136,19 @@ def model_tiny(
 
 def main(argv: list[str] | None = None) -> int:
     """Entry point: run the CLI, turning errors into one line and a non-zero exit."""
-    import click
-
     command = typer.main.get_command(app)
     args = list(sys.argv[1:] if argv is None else argv)
     debug = "--debug" in args
     try:
         command.main(args=args, prog_name="trajlake", standalone_mode=False)
-    except click.exceptions.Exit as e:
+    except typer.Exit as e:
         return e.exit_code
-    except click.ClickException as e:
-        e.show()
-        return e.exit_code
-    except click.exceptions.Abort:
+    except typer.Abort:
         print("aborted", file=sys.stderr)
         return 130
+    except typer.TyperException as e:  # usage errors: typer shows them with the usage line
+        e.show()
+        return getattr(e, "exit_code", 2)
     except (TrajlakeError, OSError, ValueError, KeyError) as e:
         if debug:
             raise

@@ -32,7 +32,7 @@ CHAT_TEMPLATE = (
     "{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}"
 )
 
-_WORDS = (
+_WORD_TEXT = (
     "the a an and or not to of in on at by for with from into over under up down left right north south "
     "east west go move take drop open close look use craft make guess pick put find reach get give read "
     "door key wall room floor box chest table stone wood plank stick iron gold diamond pickaxe sword torch "
@@ -51,7 +51,8 @@ _WORDS = (
     "question problem solution example test value list string object array function return print "
     "monday friday today tomorrow yesterday morning evening night hour minute second time date year "
     "one two three four five six seven eight nine ten hundred thousand first second third half double"
-).split()
+)
+_WORDS = _WORD_TEXT.split()
 _DIRS = ("north", "south", "east", "west", "up", "down", "left", "right")
 _ITEMS = ("oak log", "oak planks", "stick", "crafting table", "wooden pickaxe", "stone", "iron ingot",
           "torch", "coal", "furnace", "chest", "bread", "wheat", "string", "bow")
@@ -99,14 +100,14 @@ def _corpus(n_lines: int = 6000) -> list[str]:
     return lines
 
 
-def _train_tokenizer(vocab_size: int):
-    """Byte-level BPE trained on the built-in corpus, wrapped for transformers.
+def _train_bpe(vocab_size: int):
+    """Train the raw byte-level BPE ``tokenizers.Tokenizer`` on the built-in corpus.
 
-    The trainer is run single-batch over a fixed list; BPE merge ties are broken
-    by the library deterministically (checked across processes in the tests).
+    Deterministic: the corpus is a fixed list in a fixed order, and the result
+    does not depend on per-process hash seeds or on TOKENIZERS_PARALLELISM; the
+    tests check this by training in separate processes and comparing ``to_str()``.
     """
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-    from transformers import PreTrainedTokenizerFast
 
     tok = Tokenizer(models.BPE(unk_token=None))  # byte-level: every byte is in the alphabet, no unk needed
     # add_prefix_space=False so decode(encode(x)) == x exactly (no invented leading space).
@@ -120,8 +121,15 @@ def _train_tokenizer(vocab_size: int):
         show_progress=False,
     )
     tok.train_from_iterator(_corpus(), trainer=trainer)
+    return tok
+
+
+def _train_tokenizer(vocab_size: int):
+    """The BPE tokenizer wrapped as a transformers fast tokenizer with the ChatML template."""
+    from transformers import PreTrainedTokenizerFast
+
     fast = PreTrainedTokenizerFast(
-        tokenizer_object=tok,
+        tokenizer_object=_train_bpe(vocab_size),
         bos_token=BOS, pad_token=PAD, unk_token=UNK, eos_token=IM_END,
         additional_special_tokens=[IM_START],
         clean_up_tokenization_spaces=False,  # keep round-trips exact
@@ -156,6 +164,7 @@ def build_tiny_model(
 
     import torch
     from transformers import GenerationConfig, LlamaConfig, LlamaForCausalLM
+    from transformers.utils import logging as hf_logging
 
     tokenizer = _train_tokenizer(vocab_size)
     bos_id, eos_id, pad_id = (tokenizer.convert_tokens_to_ids(t) for t in (BOS, IM_END, PAD))
@@ -180,7 +189,14 @@ def build_tiny_model(
     model.eval()
 
     out.mkdir(parents=True, exist_ok=True)
-    model.save_pretrained(out)  # safetensors (model.safetensors) is the default format
+    # A one-shard "Writing model shards" tqdm bar is noise in tests and the CLI; restore the user's setting.
+    bars_were_on = hf_logging.is_progress_bar_enabled()
+    hf_logging.disable_progress_bar()
+    try:
+        model.save_pretrained(out)  # safetensors (model.safetensors) is the default format
+    finally:
+        if bars_were_on:
+            hf_logging.enable_progress_bar()
     tokenizer.save_pretrained(out)
     return out
 
@@ -191,6 +207,7 @@ def model_summary(path: str | Path) -> dict:
     ``params`` counts unique stored tensors, so tied embeddings are counted once.
     """
     import json
+    import math
 
     from safetensors import safe_open
 
@@ -199,11 +216,8 @@ def model_summary(path: str | Path) -> dict:
     params = 0
     for f in sorted(path.glob("*.safetensors")):
         with safe_open(str(f), framework="pt") as st:
-            for name in st.keys():
-                n = 1
-                for dim in st.get_slice(name).get_shape():
-                    n *= dim
-                params += n
+            names = st.keys()  # safe_open handles are not iterable themselves
+            params += sum(math.prod(st.get_slice(name).get_shape()) for name in names)
     return {
         "path": str(path),
         "model_type": cfg.get("model_type"),

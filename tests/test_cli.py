@@ -1,0 +1,81 @@
+"""The CLI contract: commands, output formats, one-line errors with a non-zero exit."""
+
+import json
+
+import polars as pl
+import pytest
+
+from trajlake.cli import main
+from trajlake.schemas import Episode
+from trajlake.store import Lake
+
+
+@pytest.fixture
+def filled(tmp_path):
+    uri = str(tmp_path / "lake")
+    with Lake.open(uri) as lake:
+        lake.append({"episodes": [Episode("e1", env="maze", success=True), Episode("e2", env="maze")]},
+                    stage="test", run_id="r1")
+    return uri
+
+
+def test_sql_formats(filled, capsys, tmp_path):
+    assert main(["--lake", filled, "sql", "SELECT count(*) AS n FROM episodes", "--format", "json"]) == 0
+    assert json.loads(capsys.readouterr().out) == [{"n": 2}]
+    assert main(["--lake", filled, "sql", "SELECT episode_id FROM episodes ORDER BY 1", "-f", "csv"]) == 0
+    assert capsys.readouterr().out.split() == ["episode_id", "e1", "e2"]
+    out = tmp_path / "x.parquet"
+    assert main(["--lake", filled, "sql", "SELECT * FROM episodes", "-f", "parquet", "--out", str(out)]) == 0
+    assert pl.read_parquet(out).height == 2
+    assert main(["--lake", filled, "sql", "SELECT env FROM episodes LIMIT 1"]) == 0
+    assert "maze" in capsys.readouterr().out
+
+
+def test_sql_snapshot_pin(filled, capsys):
+    assert main(["--lake", filled, "sql", "SELECT count(*) AS n FROM episodes", "-s", "1", "-f", "json"]) == 0
+    assert json.loads(capsys.readouterr().out) == [{"n": 0}]
+
+
+def test_export_and_snapshots(filled, capsys, tmp_path):
+    out = tmp_path / "e.parquet"
+    assert main(["--lake", filled, "export", str(out), "--query", "SELECT * FROM episodes WHERE success"]) == 0
+    assert pl.read_parquet(out)["episode_id"].to_list() == ["e1"]
+    assert main(["--lake", filled, "snapshots"]) == 0
+    assert "test" in capsys.readouterr().out
+
+
+def test_shell_reads_statements_from_stdin(filled, capsys, monkeypatch):
+    import io
+
+    monkeypatch.setattr("sys.stdin", io.StringIO("SELECT 40 + 2 AS answer;\n.snapshot 1\nSELECT count(*) FROM episodes;\n"))
+    assert main(["--lake", filled, "sql"]) == 0
+    out = capsys.readouterr().out
+    assert "42" in out and "0" in out
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["sql", "SELECT * FROM nope"], "nope"),
+        (["sql", "SELECT 1", "--snapshot", "999"], "snapshot 999 does not exist"),
+        (["sql", "SELECT 1", "-f", "parquet"], "needs --out"),
+        (["--lake", "ftp:x", "sql", "SELECT 1"], "unknown lake URI scheme"),
+        (["maintain", "--grace", "soon"], "bad duration"),
+    ],
+)
+def test_errors_are_one_line(args, message, capsys):
+    assert main(args) == 1
+    err = capsys.readouterr().err
+    assert message in err
+    assert "Traceback" not in err and len(err.strip().splitlines()) == 1
+
+
+def test_debug_shows_traceback():
+    from trajlake.store import TrajlakeError
+
+    with pytest.raises(TrajlakeError):
+        main(["--debug", "sql", "SELECT * FROM nope"])
+
+
+def test_usage_error_exit_code(capsys):
+    assert main(["no-such-command"]) == 2
