@@ -12,8 +12,8 @@ from typing import Optional
 
 import typer
 
-from trajlake.store import Lake, TrajlakeError
 from trajlake import display
+from trajlake.store import Lake, TrajlakeError
 
 app = typer.Typer(
     name="trajlake",

@@ -47,7 +47,8 @@ def test_export_and_snapshots(filled, capsys, tmp_path):
 def test_shell_reads_statements_from_stdin(filled, capsys, monkeypatch):
     import io
 
-    monkeypatch.setattr("sys.stdin", io.StringIO("SELECT 40 + 2 AS answer;\n.snapshot 1\nSELECT count(*) FROM episodes;\n"))
+    script = "SELECT 40 + 2 AS answer;\n.snapshot 1\nSELECT count(*) FROM episodes;\n"
+    monkeypatch.setattr("sys.stdin", io.StringIO(script))
     assert main(["--lake", filled, "sql"]) == 0
     out = capsys.readouterr().out
     assert "42" in out and "0" in out
