@@ -1,0 +1,18 @@
+"""Text environments for training small LLM agents: the `Env` protocol, a registry and built-in envs.
+
+    from trajlake.collect.envs import make_env
+    env = make_env("maze")
+    task = env.tasks("train", n=1, difficulty=1)[0]
+    obs = env.reset(task)
+    obs, reward, done, info = env.step("move north")
+
+Importing this package registers the built-ins: doors, maze, crafting, guess.
+"""
+
+# Imported for their side effect: each module registers its env.
+from trajlake.collect.envs import crafting, doors, guess, maze  # noqa: F401
+from trajlake.collect.envs.base import DEFAULT_N, SPLITS, Env, Expert, InvalidAction, normalize
+from trajlake.collect.envs.registry import env_info, env_names, make_env, register_env
+
+__all__ = ["DEFAULT_N", "SPLITS", "Env", "Expert", "InvalidAction", "env_info", "env_names", "make_env",
+           "normalize", "register_env"]
