@@ -1,0 +1,190 @@
+"""Importers: bring trajectories recorded elsewhere into the store, token-exact and idempotently.
+
+An importer reads every input file, validates and tokenizes every row, and only then writes, in chunks
+that each hold whole episodes with all their turns (one `Lake.append`, one snapshot each). So a bad file
+leaves the lake untouched, and re-importing the same data inserts nothing (ids are deterministic).
+
+This module holds what importers share: the error they raise, the result they return, and reading
+record files (parquet, JSON list, JSONL).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from os import PathLike
+from pathlib import Path
+from typing import Any
+
+from trajlake.store.errors import TrajlakeError
+
+#: File kinds an importer reads, by extension.
+SUFFIXES = {".parquet": "parquet", ".json": "json", ".jsonl": "jsonl", ".ndjson": "jsonl"}
+
+
+class TrajectoryImportError(TrajlakeError):
+    """An input file, row or tokenizer an importer cannot use; raised before anything is written."""
+
+
+@dataclass(frozen=True)
+class ImportResult:
+    """What an import did. `inserted`/`skipped` count rows per table over every append."""
+
+    run_id: str
+    files: tuple[str, ...]
+    episodes: int
+    turns: int
+    inserted: dict[str, int] = field(default_factory=dict)
+    skipped: dict[str, int] = field(default_factory=dict)
+    snapshots: tuple[int, ...] = ()
+    per_file: dict[str, dict[str, int]] = field(default_factory=dict)
+
+    @property
+    def episodes_inserted(self) -> int:
+        return self.inserted.get("episodes", 0)
+
+    @property
+    def episodes_skipped(self) -> int:
+        return self.skipped.get("episodes", 0)
+
+    @property
+    def turns_inserted(self) -> int:
+        return self.inserted.get("turns", 0)
+
+
+def resolve_files(paths: str | PathLike | Iterable[str | PathLike]) -> list[Path]:
+    """Input files, in order: a folder stands for its supported files (recursively, sorted)."""
+    if isinstance(paths, (str, PathLike)):
+        paths = [paths]
+    out: list[Path] = []
+    for p in map(Path, paths):
+        if p.is_dir():
+            found = sorted(f for f in p.rglob("*") if f.is_file() and f.suffix.lower() in SUFFIXES)
+            if not found:
+                raise TrajectoryImportError(f"{p}: folder holds no {'/'.join(SUFFIXES)} files")
+            out += found
+        elif not p.exists():
+            raise TrajectoryImportError(f"{p}: no such file")
+        elif p.suffix.lower() not in SUFFIXES:
+            raise TrajectoryImportError(
+                f"{p}: unsupported file type {p.suffix or '(none)'!r}; use {', '.join(SUFFIXES)}"
+            )
+        else:
+            out.append(p)
+    if not out:
+        raise TrajectoryImportError("no input files given")
+    if len(set(out)) != len(out):
+        raise TrajectoryImportError("an input file is given twice")
+    return out
+
+
+def file_sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def read_records(path: Path, required: str | None = None) -> list[dict[str, Any]]:
+    """The rows of a parquet, JSON (a list of objects) or JSONL file as dicts.
+
+    `required` names a column every file must have; its absence is reported for the file as a whole.
+    """
+    kind = SUFFIXES[path.suffix.lower()]
+    if kind == "parquet":
+        import pyarrow as pa
+        import pyarrow.parquet as pq
+
+        try:
+            table = pq.read_table(path)
+        except (pa.ArrowException, OSError) as e:
+            raise TrajectoryImportError(f"{path}: not a readable parquet file ({_line(e)})") from None
+        if required and required not in table.column_names:
+            raise TrajectoryImportError(
+                f"{path}: no `{required}` column (columns: {', '.join(table.column_names) or 'none'})"
+            )
+        return table.to_pylist()
+    try:
+        text = path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as e:
+        raise TrajectoryImportError(f"{path}: cannot read as UTF-8 text ({_line(e)})") from None
+    if kind == "json":
+        try:
+            rows = json.loads(text)
+        except json.JSONDecodeError as e:
+            raise TrajectoryImportError(f"{path}: invalid JSON at line {e.lineno} column {e.colno}: {e.msg}") from None
+        if not isinstance(rows, list):
+            raise TrajectoryImportError(f"{path}: a JSON file must hold a list of objects, not a {type(rows).__name__}")
+        numbered = list(enumerate(rows))
+    else:
+        numbered = []
+        for n, line in enumerate(text.splitlines(), 1):
+            if not line.strip():
+                continue
+            try:
+                numbered.append((n, json.loads(line)))
+            except json.JSONDecodeError as e:
+                raise TrajectoryImportError(f"{path}: line {n} is not valid JSON ({e.msg})") from None
+    where = "row" if kind == "json" else "line"
+    for n, row in numbered:
+        if not isinstance(row, dict):
+            raise TrajectoryImportError(f"{path} {where} {n}: expected an object, got {type(row).__name__}")
+    rows = [row for _, row in numbered]
+    if required and rows and not any(required in r for r in rows):
+        raise TrajectoryImportError(f"{path}: no `{required}` field in any row (fields: {', '.join(rows[0])})")
+    return rows
+
+
+def load_tokenizer(src: Any) -> tuple[Any, str]:
+    """(tokenizer, name) from a local folder, a hub name, or an already loaded tokenizer."""
+    if not isinstance(src, (str, PathLike)):
+        return src, str(getattr(src, "name_or_path", type(src).__name__))
+    name = str(src)
+    # A path-looking name that is not a folder would otherwise reach the hub client as a repo id and
+    # come back as a confusing "repo id must be in the form..." error.
+    looks_local = isinstance(src, PathLike) or name.startswith((".", "/", "~")) or Path(name).exists()
+    if looks_local and not Path(name).expanduser().is_dir():
+        raise TrajectoryImportError(f"tokenizer path {name}: no such folder")
+    try:
+        from transformers import AutoTokenizer
+
+        return AutoTokenizer.from_pretrained(str(Path(name).expanduser()) if looks_local else name), name
+    except Exception as e:  # transformers raises many kinds (OSError, ValueError, JSON errors...)
+        raise TrajectoryImportError(f"cannot load tokenizer from {name}: {_line(e)}") from None
+
+
+def stored_episode_ids(lake: Any, ids: list[str]) -> set[str]:
+    """Which of `ids` the lake already holds as episodes."""
+    if not ids:
+        return set()
+    found = lake.query("SELECT episode_id FROM episodes WHERE episode_id IN (SELECT unnest(?::VARCHAR[]))", [ids])
+    return set(found["episode_id"].to_list())
+
+
+def progress_bar(enabled: bool):
+    """A rich progress bar to use as a context manager (disabled: a silent one with the same API)."""
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    return Progress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
+                    TimeElapsedColumn(), disable=not enabled)
+
+
+def kind_name(v: Any) -> str:
+    """A value's type for error messages ("null" for None)."""
+    return "null" if v is None else type(v).__name__
+
+
+def _line(e: BaseException) -> str:
+    s = str(e).strip()
+    return s.splitlines()[0] if s else type(e).__name__
+
+
+from trajlake.collect.importers.agentgym import import_agentgym  # noqa: E402  (needs the names above)
+
+__all__ = [
+    "ImportResult", "TrajectoryImportError", "import_agentgym", "load_tokenizer", "progress_bar", "read_records",
+    "resolve_files", "stored_episode_ids",
+]
