@@ -40,9 +40,9 @@ def run(lake_uri: str, models: Path, data: Path) -> None:
     with Lake.open(lake_uri) as lake:
         emit(lake.query(
             "SELECT e.env, count(*) AS episodes, round(avg(e.num_turns), 1) AS mean_turns, "
-            "sum(e.num_agent_tokens) AS agent_tokens, "
-            "sum(len(t.prompt_token_ids) + len(t.response_token_ids)) AS all_tokens "
-            "FROM episodes e JOIN turns t USING (episode_id) GROUP BY e.env ORDER BY e.env"
+            "sum(e.num_agent_tokens)::BIGINT AS agent_tokens, sum(t.tokens)::BIGINT AS all_tokens "
+            "FROM episodes e JOIN (SELECT episode_id, sum(len(prompt_token_ids) + len(response_token_ids)) "
+            "AS tokens FROM turns GROUP BY episode_id) t USING (episode_id) GROUP BY e.env ORDER BY e.env"
         ), Format.table, None)
         emit(lake.snapshots().drop("changes").tail(5), Format.table, None)
     console.print(f"lake: {lake_uri}; explore it with: .venv/bin/trajlake --lake {lake_uri} sql")
