@@ -1,0 +1,276 @@
+"""The AgentGym HTTP path end to end on loopback: trajlake's env server and the AgentGymClient that plays it."""
+
+from __future__ import annotations
+
+import dataclasses
+import random
+import subprocess
+import sys
+import threading
+import time
+
+import pytest
+import requests
+
+from trajlake.collect.envs import make_env
+from trajlake.collect.envs.agentgym_client import PRESETS, AgentGymClient, EnvServerError, Variant, task_selector
+from trajlake.collect.envs.agentgym_server import serve_env
+from trajlake.collect.envs.maze import MazeEnv
+from trajlake.schemas.records import Task
+from trajlake.store import TrajlakeError
+
+BUILTINS = ["crafting", "doors", "guess", "maze"]
+ACTIONS = ["move north", "move east", "move south", "open red", "read sign", "guess 3", "guess 12", "inventory",
+           "get wood", "craft stick", "xyzzy", "", None]
+FAST = {"timeout": 2.0, "connect_timeout": 1.0, "retries": 2, "backoff": 0.05}
+
+
+@pytest.fixture
+def server(request):
+    """A server for the env (and keyword options) named by `request.param`, stopped afterwards."""
+    name, kwargs = request.param if isinstance(request.param, tuple) else (request.param, {})
+    srv = serve_env(name, **kwargs)
+    yield srv
+    srv.stop()
+
+
+def expert_transcript(env, task: Task) -> list:
+    """Play `task` on `env` (local or remote) with the scripted expert of the task's env."""
+    expert = make_env(task.env).expert()
+    obs = env.reset(task)
+    expert.reset(task)
+    transcript, done = [obs], False
+    while not done:
+        action = expert.act(obs)
+        obs, reward, done, info = env.step(action)
+        transcript.append((action, obs, reward, done, info))
+    return transcript
+
+
+def random_transcript(env, task: Task, seed: int, n: int = 10) -> list:
+    rng = random.Random(seed)
+    transcript = [env.reset(task)]
+    for _ in range(n):
+        transcript.append(env.step(rng.choice(ACTIONS)))
+        if transcript[-1][2]:
+            break
+    return transcript
+
+
+def strip_data_idx(task: Task) -> Task:
+    return dataclasses.replace(task, meta={k: v for k, v in task.meta.items() if k != "data_idx"})
+
+
+# ---- same transcripts over HTTP as in process ---------------------------------------------------------------
+
+
+@pytest.mark.parametrize("server", BUILTINS, indirect=True)
+def test_expert_over_http_matches_in_process(server):
+    name = server.app.name
+    tasks = make_env(name).tasks("test", n=8)
+    client = AgentGymClient(server.url, "trajlake", **FAST)
+    for i, task in enumerate(tasks):
+        remote, local = expert_transcript(client, task), expert_transcript(make_env(name), task)
+        assert remote == local and remote[-1][4]["success"] is True
+        assert server.app.live == 1  # the last episode's instance was closed by this reset
+        assert random_transcript(client, task, i) == random_transcript(make_env(name), task, i)
+    client.close()
+    assert server.app.live == 0
+
+
+@pytest.mark.parametrize("server", [("maze", {"variant": "textcraft"})], indirect=True)
+def test_tasks_and_data_idx_resets_match_local_tasks(server):
+    client = AgentGymClient(server.url, "textcraft", **FAST)
+    for difficulty in (None, 3):
+        remote = client.tasks("test", n=6, difficulty=difficulty)
+        assert [strip_data_idx(t) for t in remote] == make_env("maze").tasks("test", n=6, difficulty=difficulty)
+        for task in remote:  # reset by data_idx alone lands on the listed task
+            assert expert_transcript(client, task) == expert_transcript(make_env("maze"), task)
+    assert [t.meta["data_idx"] for t in client.tasks("test", n=3, difficulty=3)] == [2, 6, 10]
+    client.close()
+    assert server.app.live == 0
+
+
+def test_parallel_clients_on_one_server():
+    results: dict[int, bool] = {}
+    tasks = make_env("crafting").tasks("val", n=16)
+
+    def worker(k: int) -> None:
+        client = AgentGymClient(srv.url, "trajlake", **FAST)
+        results[k] = all(expert_transcript(client, t) == expert_transcript(make_env("crafting"), t)
+                         for t in tasks[k::4])
+        client.close()
+
+    with serve_env("crafting", split="val") as srv:
+        threads = [threading.Thread(target=worker, args=(k,)) for k in range(4)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        assert results == {0: True, 1: True, 2: True, 3: True} and srv.app.live == 0
+
+
+# ---- variant shapes ----------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("preset", sorted(set(PRESETS) - {"trajlake"}))
+def test_each_preset_against_a_server_shaped_like_it(preset):
+    variant = PRESETS[preset]
+    with serve_env("maze", variant=variant) as srv:
+        client = AgentGymClient(srv.url, variant, **FAST)
+        for task in client.tasks("test", n=4):
+            remote, local = expert_transcript(client, task), expert_transcript(make_env("maze"), task)
+            # observations, rewards, done and success agree; score is rescaled by the variant (SciWorld: /100)
+            assert [t if isinstance(t, str) else (t[:4], t[4]["success"] if t[3] else None) for t in remote] == \
+                   [t if isinstance(t, str) else (t[:4], t[4]["success"] if t[3] else None) for t in local]
+        assert client.observe() == remote[-1][1]
+        client.close()
+        # servers without /close keep their instances, as AgentGym's do; the others are back to none
+        assert srv.app.live == (0 if variant.can_close else 4)
+
+
+def test_wire_shapes_bare_int_env_idx_state_and_prefix():
+    webshop = PRESETS["webshop"]
+    with serve_env("guess", variant=webshop) as srv:
+        created = requests.post(f"{srv.url}/create", timeout=2).json()
+        assert isinstance(created, int)
+        reply = requests.post(f"{srv.url}/reset", json={"env_idx": created, "session_id": 0}, timeout=2).json()
+        assert set(reply) == {"state", "task_id"}
+        # the server is strict about field names, so passing tests mean the client sent env_idx and session_id
+        assert requests.post(f"{srv.url}/reset", json={"id": created, "session_id": 0}, timeout=2).json() == \
+               {"error": "missing field 'env_idx'"}
+        step = requests.post(f"{srv.url}/step", json={"env_idx": created, "action": "guess 1"}, timeout=2).json()
+        assert {"state", "reward", "done", "info"} <= set(step)
+        assert requests.get(f"{srv.url}/observation", params={"env_idx": created}, timeout=2).json() == \
+               {"state": step["state"]}
+    with serve_env("guess", prefix="wordle") as srv:
+        assert requests.post(f"{srv.url}/wordle/create", timeout=2).json() == {"id": 0}
+        assert requests.post(f"{srv.url}/create", timeout=2).json() == {"id": 1}  # unprefixed routes answer too
+        custom = Variant("custom", id_field="env_idx", reset_field="item_id", prefix="/wordle/", obs_key="state",
+                         create_returns_bare_int=True)
+        task = make_env("guess").tasks("test", n=1)[0]
+        with pytest.raises(EnvServerError, match="missing field 'id'"):  # this server speaks plain "id"
+            AgentGymClient(srv.url, custom, **FAST).reset(task)
+    with serve_env("guess", variant=custom) as srv:  # a server shaped like `custom` plays with it
+        client = AgentGymClient(srv.url, custom, **FAST)
+        assert client.reset(task) == make_env("guess").reset(task) and client.env_id == 0
+        assert client._url("step") == f"{srv.url}/wordle/step"
+        client.close()
+        assert srv.app.live == 0
+
+
+def test_client_reads_every_observation_shape():
+    client = AgentGymClient("http://127.0.0.1:9", PRESETS["sciworld"])
+    assert client._obs("bare text", "observation") == "bare text"
+    assert client._obs(["webshop text", None], "reset") == "webshop text"
+    assert client._obs({"task_description": "Boil water.", "observation": "A kitchen."}, "reset") == \
+           "Boil water.\nA kitchen."
+    assert client._obs({"task_description": "Boil water.", "observation": "A kitchen."}, "step") == "A kitchen."
+    with pytest.raises(EnvServerError, match="no 'observation'"):
+        client._obs({"reward": 0}, "step")
+    assert client._created_id(7) == 7 and client._created_id({"env_idx": 3}) == 3
+    task = Task(task_id="x/test/17", env="x", seed=5)
+    assert task_selector(task) == 17 and task_selector(dataclasses.replace(task, meta={"data_idx": 2})) == 2
+    assert task_selector(dataclasses.replace(task, task_id="x")) == 5
+
+
+# ---- errors ------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("server", ["doors"], indirect=True)
+def test_error_replies_raise_env_server_error_without_retrying(server):
+    # a huge backoff: if an error reply were retried, the test would take seconds
+    client = AgentGymClient(server.url, "trajlake", timeout=2.0, retries=3, backoff=5.0)
+    task = make_env("doors").tasks("test", n=1, difficulty=1)[0]
+    start = time.monotonic()
+    expert_transcript(client, task)
+    with pytest.raises(EnvServerError, match=r"server error: doors: the episode of .* is over") as e:
+        client.step("open red")
+    assert isinstance(e.value, TrajlakeError) and e.value.status == 200 and server.url in str(e.value)
+    client.env_id = 999
+    with pytest.raises(EnvServerError, match="server error: the id 999 is not valid"):
+        client.step("open red")
+    with pytest.raises(EnvServerError, match="server error: unknown route POST /maze/create"):
+        AgentGymClient(server.url, "maze", **FAST).reset(task)
+    bad_task = dataclasses.replace(task, env="maze")
+    with pytest.raises(EnvServerError, match="is for env 'maze', not 'doors'"):
+        client.reset(bad_task)
+    assert time.monotonic() - start < 2.0
+    for body, message in [("{not json", "invalid JSON body"), ("[1, 2]", "invalid JSON body: expected an object"),
+                          ('{"id": 0}', "missing field 'action'"), ('{"id": "x", "action": "a"}', "must be an int")]:
+        reply = requests.post(f"{server.url}/step", data=body, timeout=2)
+        assert reply.status_code == 200 and message in reply.json()["error"]
+    assert "unknown route GET /nope" in requests.get(f"{server.url}/nope", timeout=2).json()["error"]
+    with pytest.raises(RuntimeError, match="call reset"):
+        AgentGymClient(server.url).step("open red")
+
+
+def test_server_killed_mid_episode_then_a_fresh_one_works(tmp_path):
+    code = "from trajlake.collect.envs.agentgym_server import run_server; run_server('guess', '127.0.0.1', 0)"
+    with open(tmp_path / "server.log", "w") as err:
+        proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, stderr=err, text=True)
+    try:
+        url = proc.stdout.readline().strip().rsplit(" on ", 1)[-1]
+        assert url.startswith("http://127.0.0.1:"), (tmp_path / "server.log").read_text()
+        client = AgentGymClient(url, "trajlake", **FAST)
+        task = make_env("guess").tasks("test", n=1, difficulty=3)[0]
+        client.reset(task)
+        client.step("guess 1")
+        assert requests.get(f"{url}/list_envs", timeout=2).json() == [0]
+    finally:
+        proc.kill()
+        proc.wait()
+    start = time.monotonic()
+    with pytest.raises(EnvServerError, match=r"POST http://127\.0\.0\.1:\d+/step: cannot connect .*after 3 attempts"):
+        client.step("guess 2")
+    assert time.monotonic() - start < 1.5
+    client.close()  # closing on a dead server is best effort: no error
+    assert "POST /step -> ok" in (tmp_path / "server.log").read_text()  # run_server logs each request
+    with serve_env("guess") as srv:
+        client.url = srv.url
+        assert expert_transcript(client, task) == expert_transcript(make_env("guess"), task)
+        client.close()
+        assert srv.app.live == 0
+
+
+class SlowMaze(MazeEnv):
+    """A maze whose reset and step take longer than the test client waits; counts how often each was asked."""
+
+    delay = 0.4
+    calls = {"reset": 0, "step": 0}
+
+    def reset(self, task):
+        SlowMaze.calls["reset"] += 1
+        time.sleep(self.delay)
+        return super().reset(task)
+
+    def step(self, action):
+        SlowMaze.calls["step"] += 1
+        time.sleep(self.delay)
+        return super().step(action)
+
+
+def test_timeouts_are_retried_a_bounded_number_of_times_and_steps_never():
+    SlowMaze.calls = {"reset": 0, "step": 0}
+    task = make_env("maze").tasks("test", n=1)[0]
+    with serve_env(SlowMaze) as srv:
+        client = AgentGymClient(srv.url, "trajlake", timeout=0.15, connect_timeout=1.0, retries=2, backoff=0.05)
+        start = time.monotonic()
+        with pytest.raises(EnvServerError, match=r"/reset: no reply within 0\.15s \(after 3 attempts\)"):
+            client.reset(task)
+        assert 0.45 <= time.monotonic() - start < 1.2
+        # the retries queue on the instance's lock behind the first, so the third starts only after the second
+        deadline = time.monotonic() + 2
+        while SlowMaze.calls["reset"] < 3 and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert SlowMaze.calls["reset"] == 3
+        client.timeout = 2.0
+        client.reset(task)
+        client.timeout = 0.15
+        with pytest.raises(EnvServerError, match=r"/step: no reply within 0\.15s; not retried"):
+            client.step("move north")
+        assert SlowMaze.calls["step"] == 1
+        client.timeout = 2.0
+        client.close()
+        time.sleep(0.1)
+        assert srv.app.live == 0
