@@ -105,6 +105,74 @@ def maintain(
     display.console.print(", ".join(f"{k}: {v}" for k, v in done.items()))
 
 
+@app.command()
+def collect(
+    env: str = typer.Option(..., "--env", help="Env name (see `trajlake envs`), or agentgym with --env-url."),
+    policy: str = typer.Option(..., "--policy", help="hf:PATH, vllm:PATH, openai:URL#MODEL, scripted:ENV, policy:ID"),
+    split: str = typer.Option("train", "--split"),
+    tasks: int = typer.Option(32, "--tasks", help="How many tasks of the split."),
+    samples: int = typer.Option(1, "--samples", help="Samples per task (a GRPO group)."),
+    difficulty: Optional[int] = typer.Option(None, "--difficulty"),
+    max_turns: int = typer.Option(10, "--max-turns"),
+    run_id: Optional[str] = typer.Option(None, "--run-id", help="Resume this run, or name a new one."),
+    workers: int = typer.Option(0, "--workers", help="Ray actors stepping envs (0: in-process)."),
+    concurrency: int = typer.Option(32, "--concurrency", help="Live episodes per batched generate call."),
+    temperature: float = typer.Option(1.0, "--temperature"),
+    top_p: float = typer.Option(1.0, "--top-p"),
+    max_new_tokens: int = typer.Option(48, "--max-new-tokens"),
+    template: str = typer.Option("think_action", "--template", help="think_action, action, react or plain."),
+    tokenizer: Optional[str] = typer.Option(None, "--tokenizer", help="Tokenizer for text policies."),
+    seed: int = typer.Option(0, "--seed"),
+    env_url: Optional[str] = typer.Option(None, "--env-url", help="AgentGym server URL (with --env agentgym)."),
+    env_variant: str = typer.Option("trajlake", "--env-variant", help="AgentGym protocol variant preset."),
+) -> None:
+    """Play episodes with a policy and store them, token for token."""
+    from trajlake.collect.config import CollectConfig
+    from trajlake.collect.rollout import collect as run_collect
+    from trajlake.collect.summary import print_summary
+
+    env_kwargs = {"url": env_url, "variant": env_variant} if env == "agentgym" else {}
+    if env == "agentgym" and not env_url:
+        raise TrajlakeError("--env agentgym needs --env-url URL of an AgentGym env server")
+    config = CollectConfig(
+        env=env, policy=policy, split=split, tasks=tasks, samples=samples, difficulty=difficulty,
+        max_turns=max_turns, run_id=run_id, workers=workers, concurrency=concurrency, temperature=temperature,
+        top_p=top_p, max_new_tokens=max_new_tokens, template=template, tokenizer=tokenizer, seed=seed,
+        env_kwargs=env_kwargs,
+    )
+    with open_lake() as lake:
+        rid = run_collect(config, lake)
+        print_summary(lake, rid)
+
+
+@app.command()
+def envs() -> None:
+    """List the registered environments."""
+    import polars as pl
+
+    from trajlake.collect.envs import env_info
+
+    rows = [{"name": r["name"], "difficulties": ",".join(map(str, r["difficulties"])), "actions": r["actions"],
+             "description": r["description"]} for r in env_info()]
+    display.emit(pl.DataFrame(rows), display.Format.table, None)
+
+
+@app.command("serve-env")
+def serve_env(
+    env: str = typer.Option(..., "--env", help="Registered env to serve."),
+    port: int = typer.Option(8000, "--port"),
+    host: str = typer.Option("127.0.0.1", "--host", help="Bind address (loopback unless told otherwise)."),
+    split: str = typer.Option("test", "--split", help="Split whose tasks data_idx indexes."),
+    prefix: str = typer.Option("", "--prefix", help="Route prefix, e.g. maze for /maze/create."),
+) -> None:
+    """Serve a registered env over AgentGym's HTTP protocol."""
+    from trajlake.collect.envs import make_env
+    from trajlake.collect.envs.agentgym_server import run_server
+
+    make_env(env)  # an unknown name fails here with the list of envs
+    run_server(env, host, port, split, prefix)
+
+
 @import_app.command("agentgym")
 def import_agentgym(
     paths: list[Path] = typer.Argument(..., help="Parquet, JSON or JSONL files in OpenManus-RL/AgentGym format."),

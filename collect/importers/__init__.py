@@ -139,19 +139,20 @@ def read_records(path: Path, required: str | None = None) -> list[dict[str, Any]
 
 
 def load_tokenizer(src: Any) -> tuple[Any, str]:
-    """(tokenizer, name) from a local folder, a hub name, or an already loaded tokenizer."""
+    """(tokenizer, name) from a local folder or an already loaded tokenizer; never reaches a hub."""
     if not isinstance(src, (str, PathLike)):
         return src, str(getattr(src, "name_or_path", type(src).__name__))
     name = str(src)
-    # A path-looking name that is not a folder would otherwise reach the hub client as a repo id and
-    # come back as a confusing "repo id must be in the form..." error.
-    looks_local = isinstance(src, PathLike) or name.startswith((".", "/", "~")) or Path(name).exists()
-    if looks_local and not Path(name).expanduser().is_dir():
-        raise TrajectoryImportError(f"tokenizer path {name}: no such folder")
+    path = Path(name).expanduser()
+    if not path.is_dir():
+        raise TrajectoryImportError(
+            f"tokenizer path {name}: no such folder (give a model folder saved with save_pretrained, "
+            "e.g. from `trajlake model tiny --out DIR`)"
+        )
     try:
         from transformers import AutoTokenizer
 
-        return AutoTokenizer.from_pretrained(str(Path(name).expanduser()) if looks_local else name), name
+        return AutoTokenizer.from_pretrained(str(path), local_files_only=True), name
     except Exception as e:  # transformers raises many kinds (OSError, ValueError, JSON errors...)
         raise TrajectoryImportError(f"cannot load tokenizer from {name}: {_line(e)}") from None
 

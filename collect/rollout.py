@@ -1,0 +1,261 @@
+"""The rollout loop: plays batched multi-turn episodes and writes them, token for token, to the store.
+
+Each turn, the prompts of every live episode go to the policy in one call; the envs then step (in-process,
+on threads or on Ray actors). Episodes that finish free their slot for the next (task, sample). Finished
+episodes are written with their turns in chunks, one snapshot per chunk, so nothing half-written is ever
+visible; a run restarted with the same run id skips the (task, sample) pairs already stored.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from collections import deque
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from typing import Any
+
+from trajlake.collect.chat import ChatRenderer
+from trajlake.collect.config import CollectConfig
+from trajlake.collect.envpool import EnvPool, LocalEnvPool, Outcome, RayEnvPool
+from trajlake.collect.policies import Policy, Request, SamplingParams, load_policy
+from trajlake.collect.templates import get_template
+from trajlake.schemas import Episode, Policy as PolicyRow, Run, Task, Turn
+from trajlake.store import Lake, TrajlakeError
+
+_IDS = uuid.UUID("5b0c1f4e-2a8e-4d67-9a39-7f1f2b7f0c11")  # namespace of episode ids
+
+
+def now() -> datetime:
+    return datetime.now(timezone.utc)
+
+
+def episode_id(run_id: str, task_id: str, sample: int) -> str:
+    """Deterministic, so a resumed run writes the same ids and the store skips what it already has."""
+    return str(uuid.uuid5(_IDS, f"{run_id}/{task_id}/{sample}"))
+
+
+@dataclass
+class _Live:
+    """An episode in progress."""
+
+    slot: int
+    task: Task
+    sample: int
+    episode_id: str
+    conv: Any
+    observation: str = ""
+    context: list[int] = field(default_factory=list)
+    turns: list[Turn] = field(default_factory=list)
+    started_at: datetime = field(default_factory=now)
+    reward: float = 0.0
+
+
+def make_env_factory(config: CollectConfig):
+    if config.env == "agentgym":
+        from trajlake.collect.envs.agentgym_client import make_remote_env
+
+        return lambda: make_remote_env(**config.env_kwargs)
+    from trajlake.collect.envs import make_env
+
+    make_env(config.env, **config.env_kwargs)  # fail now, with the list of envs, if the name is wrong
+    return lambda: make_env(config.env, **config.env_kwargs)
+
+
+def system_prompt(env: Any, template) -> str:
+    parts = [getattr(env, "description", ""), f"Actions: {env.action_help}" if getattr(env, "action_help", "") else ""]
+    return "\n".join(p for p in parts + [template.instruction] if p)
+
+
+class Rollout:
+    """One collect run. `run()` plays every pending (task, sample) and returns the run id."""
+
+    def __init__(self, config: CollectConfig, lake: Lake, policy: Policy | None = None):
+        self.config = config
+        self.lake = lake
+        self.template = get_template(config.template)
+        factory = make_env_factory(config)
+        self.probe_env = factory()
+        self.policy = policy or load_policy(config.policy, env=config.env, template=self.template, lake=lake,
+                                            tokenizer_path=config.tokenizer)
+        if self.policy.tokenizer is None:
+            raise TrajlakeError(f"policy {config.policy} has no tokenizer: give --tokenizer PATH")
+        self.renderer = ChatRenderer(self.policy.tokenizer)
+        self.params = SamplingParams(config.temperature, config.top_p, config.max_new_tokens, config.seed)
+        self.run_id = config.run_id or f"collect-{now():%Y%m%d-%H%M%S}-{uuid.uuid4().hex[:6]}"
+        remote = config.env == "agentgym"
+        self.pool: EnvPool = (RayEnvPool(factory, config.workers) if config.workers > 0
+                              else LocalEnvPool(factory, threads=config.concurrency if remote else 0))
+        self.system = config.system_prompt or system_prompt(self.probe_env, self.template)
+        self._buffer_eps: list[Episode] = []
+        self._buffer_turns: list[Turn] = []
+        self._last_flush = time.monotonic()
+        self.generated_tokens = 0
+
+    # ---- setup ---------------------------------------------------------------------------------
+    def _tasks(self) -> list[Task]:
+        c = self.config
+        return self.probe_env.tasks(c.split, n=c.tasks, difficulty=c.difficulty)
+
+    def _register(self, tasks: list[Task]) -> None:
+        """Write the run, the policy and the tasks (idempotent: a resumed run adds nothing)."""
+        p = self.policy
+        rows: dict[str, list] = {
+            "runs": [Run(self.run_id, "collect", config={**self.config.to_dict(), "exact_tokens": p.exact_tokens,
+                                                         "system_prompt": self.system},
+                         status="running", started_at=now())],
+            "tasks": tasks,
+        }
+        if not self.config.policy.startswith("policy:"):
+            rows["policies"] = [PolicyRow(p.policy_id, run_id=self.run_id, base_model=p.model_path,
+                                          checkpoint_uri=p.model_path, created_at=now())]
+        self.lake.append(rows, stage="collect", run_id=self.run_id, message=f"collect: start run {self.run_id}")
+
+    def _pending(self, tasks: list[Task]) -> deque:
+        done = self.lake.query("SELECT task_id, sample_index FROM episodes WHERE run_id = ?", [self.run_id])
+        stored = set(zip(done["task_id"].to_list(), done["sample_index"].to_list()))
+        return deque((t, k) for t in tasks for k in range(self.config.samples) if (t.task_id, k) not in stored)
+
+    # ---- the loop ------------------------------------------------------------------------------
+    def run(self) -> str:
+        tasks = self._tasks()
+        self._register(tasks)
+        pending = self._pending(tasks)
+        total = len(pending)
+        from trajlake.collect.progress import CollectProgress
+
+        bar = CollectProgress(total, enabled=self.config.progress, run_id=self.run_id)
+        live: dict[int, _Live] = {}
+        free = deque(range(self.config.concurrency))
+        try:
+            with bar:
+                while pending or live:
+                    self._start(pending, free, live, bar)
+                    if live:
+                        self._turn(live, free, bar)
+                    self._maybe_flush()
+            self._flush()
+            self.lake.update("runs", {"run_id": self.run_id}, {"status": "finished", "finished_at": now()},
+                             stage="collect", run_id=self.run_id)
+        except BaseException:
+            self._flush()  # finished episodes are kept even when the run dies
+            self.lake.update("runs", {"run_id": self.run_id}, {"status": "failed", "finished_at": now()},
+                             stage="collect", run_id=self.run_id)
+            raise
+        finally:
+            self.pool.close()
+        return self.run_id
+
+    def _start(self, pending: deque, free: deque, live: dict[int, _Live], bar) -> None:
+        starting = []
+        while pending and free:
+            task, k = pending.popleft()
+            slot = free.popleft()
+            ep = _Live(slot, task, k, episode_id(self.run_id, task.task_id, k), None)
+            starting.append(ep)
+        if not starting:
+            return
+        for ep, obs in zip(starting, self.pool.reset([(ep.slot, ep.task) for ep in starting])):
+            if isinstance(obs, Outcome):
+                self._finish(ep, free, bar, status="error", error=f"reset failed: {obs.error}")
+                continue
+            ep.observation = obs
+            ep.conv = self.renderer.conversation([{"role": "system", "content": self.system}])
+            self.policy.start_episode(ep.episode_id, ep.task)
+            live[ep.slot] = ep
+
+    def _turn(self, live: dict[int, _Live], free: deque, bar) -> None:
+        eps = list(live.values())
+        prompts = {}
+        for ep in list(eps):
+            prompt = ep.conv.observe(ep.observation)
+            if len(ep.context) + len(prompt) + self.config.max_new_tokens > self.config.max_context_tokens:
+                del live[ep.slot]
+                eps.remove(ep)
+                self._finish(ep, free, bar, status="truncated", error="context budget reached")
+                continue
+            ep.context.extend(prompt)
+            prompts[ep.slot] = prompt
+        if not eps:
+            return
+        requests = [Request(ep.episode_id, ep.context, ep.conv.messages, ep.task, ep.observation) for ep in eps]
+        t0 = time.perf_counter()
+        gens = self.policy.generate(requests, self.params)
+        latency = (time.perf_counter() - t0) * 1000
+        actions, replies = [], []
+        for ep, gen in zip(eps, gens):
+            if self.policy.exact_tokens:
+                ids, logprobs = list(gen.token_ids), gen.logprobs
+                content = ep.conv.reply_ids(ids)
+            else:
+                content = gen.text or ""
+                ids, logprobs = ep.conv.reply(content), None
+            ep.context.extend(ids)
+            self.generated_tokens += len(ids)
+            action = self.template.parse(content)
+            fallback = content if self.config.on_format_error == "raw" else ""
+            actions.append((ep.slot, action if action is not None else fallback))
+            replies.append((content, action, ids, logprobs))
+        outcomes = self.pool.step_many(actions)
+        for ep, (content, action, ids, logprobs), out in zip(eps, replies, outcomes):
+            info = dict(out.info or {})
+            last = out.done or out.error is not None or len(ep.turns) + 1 >= self.config.max_turns
+            if last and out.observation:
+                info["final_observation"] = out.observation
+            ep.turns.append(Turn(
+                ep.episode_id, len(ep.turns), observation=ep.observation, action_text=content, action=action,
+                format_ok=action is not None, step_reward=out.reward, done=out.done, info=info,
+                prompt_token_ids=prompts[ep.slot], response_token_ids=ids, response_logprobs=logprobs,
+                latency_ms=latency,
+            ))
+            ep.reward += out.reward
+            if out.error is not None:
+                status, error = "error", out.error
+            elif out.done:
+                status, error = "ok", None
+            elif last:
+                status, error = "truncated", f"max_turns ({self.config.max_turns}) reached"
+            else:
+                ep.observation = out.observation
+                continue
+            del live[ep.slot]
+            self._finish(ep, free, bar, status=status, error=error, success=bool(info.get("success", False)))
+
+    def _finish(self, ep: _Live, free: deque, bar, *, status: str, error: str | None = None,
+                success: bool = False) -> None:
+        self.policy.end_episode(ep.episode_id)
+        self.pool.release(ep.slot)
+        free.append(ep.slot)
+        agent_tokens = sum(len(t.response_token_ids) for t in ep.turns)
+        self._buffer_eps.append(Episode(
+            ep.episode_id, run_id=self.run_id, policy_id=self.policy.policy_id, task_id=ep.task.task_id,
+            env=ep.task.env, group_id=f"{self.run_id}:{ep.task.task_id}", sample_index=ep.sample, status=status,
+            success=success and status == "ok", env_reward=ep.reward, num_turns=len(ep.turns),
+            num_agent_tokens=agent_tokens, error=error, started_at=ep.started_at, finished_at=now(),
+        ))
+        self._buffer_turns.extend(ep.turns)
+        bar.episode_done(success and status == "ok", agent_tokens)
+
+    def _maybe_flush(self) -> None:
+        if (len(self._buffer_turns) >= self.config.chunk_turns
+                or time.monotonic() - self._last_flush >= self.config.chunk_seconds):
+            self._flush()
+
+    def _flush(self) -> None:
+        self._last_flush = time.monotonic()
+        if not self._buffer_eps:
+            return
+        n = len(self._buffer_eps)
+        self.lake.append({"episodes": self._buffer_eps, "turns": self._buffer_turns}, stage="collect",
+                         run_id=self.run_id, message=f"collect: {n} episodes of run {self.run_id}")
+        self._buffer_eps, self._buffer_turns = [], []
+
+
+def collect(config: CollectConfig, lake: Lake, policy: Policy | None = None) -> str:
+    """Play `config` into `lake`; returns the run id (pass it again to resume)."""
+    rollout = Rollout(config, lake, policy)
+    try:
+        return rollout.run()
+    finally:
+        if policy is None:
+            rollout.policy.close()
