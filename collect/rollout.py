@@ -20,7 +20,8 @@ from trajlake.collect.config import CollectConfig
 from trajlake.collect.envpool import EnvPool, LocalEnvPool, Outcome, RayEnvPool
 from trajlake.collect.policies import Policy, Request, SamplingParams, load_policy
 from trajlake.collect.templates import get_template
-from trajlake.schemas import Episode, Policy as PolicyRow, Run, Task, Turn
+from trajlake.schemas import Episode, Run, Task, Turn
+from trajlake.schemas import Policy as PolicyRow
 from trajlake.store import Lake, TrajlakeError
 
 _IDS = uuid.UUID("5b0c1f4e-2a8e-4d67-9a39-7f1f2b7f0c11")  # namespace of episode ids
@@ -113,7 +114,7 @@ class Rollout:
 
     def _pending(self, tasks: list[Task]) -> deque:
         done = self.lake.query("SELECT task_id, sample_index FROM episodes WHERE run_id = ?", [self.run_id])
-        stored = set(zip(done["task_id"].to_list(), done["sample_index"].to_list()))
+        stored = set(zip(done["task_id"].to_list(), done["sample_index"].to_list(), strict=True))
         return deque((t, k) for t in tasks for k in range(self.config.samples) if (t.task_id, k) not in stored)
 
     # ---- the loop ------------------------------------------------------------------------------
@@ -155,7 +156,7 @@ class Rollout:
             starting.append(ep)
         if not starting:
             return
-        for ep, obs in zip(starting, self.pool.reset([(ep.slot, ep.task) for ep in starting])):
+        for ep, obs in zip(starting, self.pool.reset([(ep.slot, ep.task) for ep in starting]), strict=True):
             if isinstance(obs, Outcome):
                 self._finish(ep, free, bar, status="error", error=f"reset failed: {obs.error}")
                 continue
@@ -183,7 +184,7 @@ class Rollout:
         gens = self.policy.generate(requests, self.params)
         latency = (time.perf_counter() - t0) * 1000
         actions, replies = [], []
-        for ep, gen in zip(eps, gens):
+        for ep, gen in zip(eps, gens, strict=True):
             if self.policy.exact_tokens:
                 ids, logprobs = list(gen.token_ids), gen.logprobs
                 content = ep.conv.reply_ids(ids)
@@ -197,7 +198,7 @@ class Rollout:
             actions.append((ep.slot, action if action is not None else fallback))
             replies.append((content, action, ids, logprobs))
         outcomes = self.pool.step_many(actions)
-        for ep, (content, action, ids, logprobs), out in zip(eps, replies, outcomes):
+        for ep, (content, action, ids, logprobs), out in zip(eps, replies, outcomes, strict=True):
             info = dict(out.info or {})
             last = out.done or out.error is not None or len(ep.turns) + 1 >= self.config.max_turns
             if last and out.observation:

@@ -56,7 +56,7 @@ class VLLMPolicy(Policy):
         for out in outputs:
             c = out.outputs[0]
             ids = list(c.token_ids)
-            lps = [step[t].logprob for step, t in zip(c.logprobs or [], ids)] if c.logprobs else None
+            lps = [step[t].logprob for step, t in zip(c.logprobs or [], ids, strict=False)] if c.logprobs else None
             gens.append(Generation(ids, lps, finish_reason="length" if c.finish_reason == "length" else "stop"))
         return gens
 
