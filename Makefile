@@ -5,11 +5,13 @@ PY := $(VENV)/bin/python
 TRAJLAKE := $(VENV)/bin/trajlake
 STAMP := $(VENV)/.trajlake-setup
 LAKE ?= lake
+MODEL ?= models/tiny
+ENV ?= doors
 PYTEST_ARGS ?=
 # DeepSpeed runs on the CPU unless told otherwise.
 export DS_ACCELERATOR ?= cpu
 
-.PHONY: setup test test-slow test-all demo sql snapshots maintain lint clean
+.PHONY: setup test test-slow test-all demo collect envs sql snapshots maintain lint clean
 
 setup: $(STAMP)
 
@@ -33,6 +35,16 @@ test-all: setup
 
 demo: setup
 	$(PY) -m trajlake.demo --lake $(LAKE)
+
+# The tiny offline model the default targets play with.
+$(MODEL)/model.safetensors: | $(STAMP)
+	$(TRAJLAKE) model tiny --out $(MODEL)
+
+collect: setup $(MODEL)/model.safetensors
+	$(TRAJLAKE) --lake $(LAKE) collect --env $(ENV) --policy hf:$(MODEL) --tasks 32 --samples 4 --max-turns 6
+
+envs: setup
+	$(TRAJLAKE) envs
 
 sql: setup
 	$(TRAJLAKE) --lake $(LAKE) sql
