@@ -24,7 +24,9 @@ app = typer.Typer(
 )
 import_app = typer.Typer(help="Import trajectories from other tools' files.", no_args_is_help=True)
 model_app = typer.Typer(help="Build or convert models offline.", no_args_is_help=True)
+rewards_app = typer.Typer(help="Score stored episodes with a reward spec (replay), or compare two specs.")
 app.add_typer(import_app, name="import")
+app.add_typer(rewards_app, name="rewards")
 app.add_typer(model_app, name="model")
 
 
@@ -171,6 +173,48 @@ def serve_env(
 
     make_env(env)  # an unknown name fails here with the list of envs
     run_server(env, host, port, split, prefix)
+
+
+@rewards_app.callback(invoke_without_command=True)
+def rewards(
+    ctx: typer.Context,
+    spec: Optional[Path] = typer.Option(None, "--spec", help="Reward spec TOML [default: the built-in default]."),
+    snapshot: Optional[int] = typer.Option(None, "--snapshot", "-s", help="Score the lake as of this snapshot."),
+    where: Optional[str] = typer.Option(None, "--where", help="SQL filter over episodes columns."),
+) -> None:
+    """Score every matching stored episode with a spec; re-running the same spec is a no-op."""
+    if ctx.invoked_subcommand is not None:
+        return
+    from trajlake.rewards import default_spec, load_spec
+    from trajlake.rewards.score import score
+
+    loaded = load_spec(spec) if spec else default_spec()
+    with open_lake() as lake:
+        display.console.print(str(score(lake, loaded, snapshot=snapshot, where=where)))
+        display.emit(lake.query(
+            "SELECT count(*) AS episodes, round(avg(total), 4) AS mean_total, round(min(total), 4) AS min, "
+            "round(max(total), 4) AS max FROM episode_rewards WHERE spec_id = ?", [loaded.spec_id]),
+            display.Format.table, None)
+
+
+@rewards_app.command("diff")
+def rewards_diff(
+    spec_a: Path = typer.Argument(..., help="The old spec."),
+    spec_b: Path = typer.Argument(..., help="The new spec."),
+    snapshot: Optional[int] = typer.Option(None, "--snapshot", "-s"),
+    where: Optional[str] = typer.Option(None, "--where", help="SQL filter over episodes columns."),
+    top: int = typer.Option(10, "--top", help="How many of the most changed episodes to list."),
+) -> None:
+    """Compare two specs: totals, success/failure means, and the episodes that change most."""
+    from trajlake.rewards import load_spec
+    from trajlake.rewards.score import diff
+
+    a, b = load_spec(spec_a), load_spec(spec_b)
+    with open_lake() as lake:
+        summary, changes = diff(lake, a, b, snapshot=snapshot, where=where, top=top)
+    display.console.print(f"A = {a.name} ({a.spec_id}), B = {b.name} ({b.spec_id})")
+    display.emit(summary, display.Format.table, None)
+    display.emit(changes, display.Format.table, None)
 
 
 @import_app.command("agentgym")

@@ -1,0 +1,16 @@
+"""Rewards as queries: reward specs compiled to SQL over the store, token allocation as a view, replay."""
+
+from pathlib import Path
+
+from trajlake.rewards.spec import Allocation, Component, RewardSpec, SpecError, load_spec, parse_spec
+
+SPECS_DIR = Path(__file__).parent / "specs"
+DEFAULT_SPEC = SPECS_DIR / "default.toml"
+
+
+def default_spec() -> RewardSpec:
+    return load_spec(DEFAULT_SPEC)
+
+
+__all__ = ["Allocation", "Component", "RewardSpec", "SpecError", "load_spec", "parse_spec", "default_spec",
+           "DEFAULT_SPEC", "SPECS_DIR"]

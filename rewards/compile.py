@@ -1,0 +1,86 @@
+"""Compile a reward spec to one SQL query over (a pinned snapshot of) the store.
+
+The query selects the episodes to score, computes every component per episode (turn columns -> per
+episode aggregates -> one expression each), and returns spec_id, episode_id, total and the components as
+a MAP, so `trajlake sql` can explain every total. Python components are computed first on Arrow and join
+in as tables named `py_<component>`.
+"""
+
+from __future__ import annotations
+
+from trajlake.rewards.components import get_kind, sql_str
+from trajlake.rewards.spec import RewardSpec
+
+#: Columns a python component's function receives, besides every episodes column.
+PY_INPUT_SQL = """
+SELECT ep.*, t.action_texts, t.observations, t.step_rewards, t.format_oks, t.agent_tokens
+FROM ep LEFT JOIN (
+    SELECT episode_id, list(action_text ORDER BY turn) AS action_texts, list(observation ORDER BY turn) AS observations,
+           list(step_reward ORDER BY turn) AS step_rewards, list(format_ok ORDER BY turn) AS format_oks,
+           list(len(response_token_ids) ORDER BY turn) AS agent_tokens
+    FROM turns WHERE episode_id IN (SELECT episode_id FROM ep) GROUP BY episode_id
+) t USING (episode_id) ORDER BY ep.episode_id
+"""
+
+
+def episodes_cte(spec: RewardSpec, where: str | None, only_new: bool) -> str:
+    """The episodes to score: `where` over episodes columns, minus those already scored by this spec."""
+    conds = [f"({where})"] if where else []
+    if only_new:
+        # `lake.episode_rewards` is the latest table even when the query reads a pinned snapshot, so a re-run
+        # at any snapshot skips what is already stored.
+        conds.append(f"episode_id NOT IN (SELECT episode_id FROM lake.episode_rewards WHERE spec_id = "
+                     f"{sql_str(spec.spec_id)})")
+    return "SELECT * FROM episodes" + (" WHERE " + " AND ".join(conds) if conds else "")
+
+
+def turn_columns(spec: RewardSpec) -> dict[str, str]:
+    cols: dict[str, str] = {}
+    for c in spec.components:
+        cols.update(get_kind(c.kind).turn_columns(c.name, c.params))
+    return cols
+
+
+def compile_query(spec: RewardSpec, *, where: str | None = None, only_new: bool = True) -> str:
+    """The scoring query: one row per episode with spec_id, episode_id, total, components."""
+    aggregates: dict[str, str] = {}
+    values: dict[str, str] = {}
+    py_joins = []
+    for c in spec.components:
+        kind = get_kind(c.kind)
+        aggregates.update(kind.aggregates(c.name, c.params))
+        values[c.name] = kind.value(c.name, c.params)
+        if c.kind == "python":
+            py_joins.append(f"LEFT JOIN py_{c.name} USING (episode_id)")
+    tcols = "".join(f", {sql} AS {alias}" for alias, sql in turn_columns(spec).items())
+    agg_sql = ", ".join(f"{sql} AS {alias}" for alias, sql in aggregates.items())
+    agg_cte = (f"agg AS (SELECT episode_id, {agg_sql} FROM tu GROUP BY episode_id)" if aggregates
+               else "agg AS (SELECT DISTINCT episode_id FROM tu)")
+    comp_cols = ", ".join(f"CAST({sql} AS DOUBLE) AS c_{name}" for name, sql in values.items())
+    total = " + ".join(f"{c.weight!r} * c_{c.name}" for c in spec.components)
+    names = ", ".join(sql_str(c.name) for c in spec.components)
+    weighted = ", ".join(f"c_{c.name}" for c in spec.components)
+    return f"""
+WITH ep AS ({episodes_cte(spec, where, only_new)}),
+tu0 AS (SELECT *, lag(observation) OVER (PARTITION BY episode_id ORDER BY turn) AS prev_observation
+        FROM turns WHERE episode_id IN (SELECT episode_id FROM ep)),
+tu AS (SELECT *{tcols} FROM tu0),
+{agg_cte},
+vals AS (SELECT ep.episode_id, {comp_cols} FROM ep LEFT JOIN agg USING (episode_id) {' '.join(py_joins)})
+SELECT {sql_str(spec.spec_id)} AS spec_id, episode_id, {total} AS total,
+       MAP([{names}], [{weighted}]) AS components
+FROM vals ORDER BY episode_id
+"""
+
+
+def turn_rewards_query(spec: RewardSpec, episode_ids_table: str) -> str | None:
+    """Per-turn weighted process rewards (for `per_turn` allocation); None when the spec has none."""
+    parts = [(c, get_kind(c.kind).turn_columns(c.name, c.params)) for c in spec.components if c.kind == "process"]
+    if not parts:
+        return None
+    expr = " + ".join(f"{c.weight!r} * ({sql})" for c, cols in parts for sql in cols.values())
+    return f"""
+SELECT {sql_str(spec.spec_id)} AS spec_id, episode_id, turn, CAST({expr} AS DOUBLE) AS reward
+FROM (SELECT *, lag(observation) OVER (PARTITION BY episode_id ORDER BY turn) AS prev_observation
+      FROM turns WHERE episode_id IN (SELECT episode_id FROM {episode_ids_table}))
+"""

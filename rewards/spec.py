@@ -1,0 +1,153 @@
+"""Reward specs: a TOML file naming weighted components and an allocation strategy.
+
+    name = "goal-and-turns"
+    [allocation]
+    strategy = "discounted"   # last_token | uniform_positive | discounted | per_turn
+    gamma = 0.9
+    [[components]]
+    kind = "goal"
+    weight = 1.0
+
+Everything is checked at load time, before any work starts; an error names the file and the line of the
+offending component. A spec's id is the hash of its normalised content (defaults filled in, comments and
+formatting ignored), so the same reward function always has the same id.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+import tomllib
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from trajlake.store.errors import TrajlakeError
+
+STRATEGIES = ("last_token", "uniform_positive", "discounted", "per_turn")
+
+
+class SpecError(TrajlakeError):
+    """A reward spec is invalid; the message names the file and line."""
+
+
+@dataclass(frozen=True)
+class Allocation:
+    """How an episode's total reward is spread over its agent tokens."""
+
+    strategy: str = "last_token"
+    gamma: float = 1.0
+
+
+@dataclass(frozen=True)
+class Component:
+    """One weighted term of the reward: `kind` selects its definition, `params` its settings."""
+
+    kind: str
+    name: str
+    weight: float
+    params: dict[str, Any] = field(default_factory=dict)
+    line: int = 0  # where it starts in the spec file, for error messages
+
+
+@dataclass(frozen=True)
+class RewardSpec:
+    name: str
+    components: tuple[Component, ...]
+    allocation: Allocation
+    source: str = "<spec>"
+
+    def to_json(self) -> dict[str, Any]:
+        """The normalised content (what the id hashes and what reward_specs stores)."""
+        return {
+            "name": self.name,
+            "allocation": {"strategy": self.allocation.strategy, "gamma": self.allocation.gamma},
+            "components": [{"kind": c.kind, "name": c.name, "weight": c.weight, **c.params}
+                           for c in self.components],
+        }
+
+    @property
+    def spec_id(self) -> str:
+        canonical = json.dumps(self.to_json(), sort_keys=True, separators=(",", ":"))
+        return hashlib.sha256(canonical.encode()).hexdigest()[:16]
+
+    def component(self, name: str) -> Component:
+        return next(c for c in self.components if c.name == name)
+
+
+def load_spec(path: str | Path) -> RewardSpec:
+    """Read and validate a spec file."""
+    path = Path(path)
+    if not path.is_file():
+        raise SpecError(f"{path}: no such spec file")
+    return parse_spec(path.read_text(), source=str(path))
+
+
+def parse_spec(text: str, source: str = "<spec>") -> RewardSpec:
+    """Validate a spec's TOML text; `source` names it in errors."""
+    try:
+        data = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as e:
+        raise SpecError(f"{source}: not valid TOML: {e}") from None
+    lines = _component_lines(text)
+
+    def fail(msg: str, line: int = 0) -> SpecError:
+        return SpecError(f"{source}:{line}: {msg}" if line else f"{source}: {msg}")
+
+    unknown = set(data) - {"name", "allocation", "components", "description"}
+    if unknown:
+        raise fail(f"unknown top-level key(s) {', '.join(sorted(unknown))}; keys are name, allocation, components")
+    name = data.get("name")
+    if not isinstance(name, str) or not name:
+        raise fail("a spec needs a `name` (a non-empty string)")
+    alloc = data.get("allocation", {})
+    if not isinstance(alloc, dict):
+        raise fail("[allocation] must be a table")
+    extra = set(alloc) - {"strategy", "gamma"}
+    if extra:
+        raise fail(f"[allocation]: unknown key(s) {', '.join(sorted(extra))}", _line_of(text, "[allocation]"))
+    strategy = alloc.get("strategy", "last_token")
+    if strategy not in STRATEGIES:
+        raise fail(f"unknown allocation strategy {strategy!r}; valid: {', '.join(STRATEGIES)}",
+                   _line_of(text, "[allocation]"))
+    gamma = alloc.get("gamma", 1.0)
+    if not isinstance(gamma, (int, float)) or not 0 < gamma <= 1:
+        raise fail(f"allocation gamma must be in (0, 1], got {gamma!r}", _line_of(text, "[allocation]"))
+    raw = data.get("components")
+    if not isinstance(raw, list) or not raw:
+        raise fail("a spec needs at least one [[components]] entry")
+
+    from trajlake.rewards.components import validate_component
+
+    components: list[Component] = []
+    seen: set[str] = set()
+    for i, entry in enumerate(raw):
+        line = lines[i] if i < len(lines) else 0
+        entry = dict(entry)
+        kind = entry.pop("kind", None)
+        weight = entry.pop("weight", 1.0)
+        cname = entry.pop("name", None) or kind
+        if not isinstance(weight, (int, float)) or isinstance(weight, bool):
+            raise fail(f"component {i + 1}: weight must be a number, got {weight!r}", line)
+        if cname in seen:
+            cname = f"{cname}_{i + 1}" if entry.get("name") is None else cname
+        if cname in seen:
+            raise fail(f"component {i + 1}: name {cname!r} is used twice", line)
+        if not isinstance(cname, str) or not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", cname or ""):
+            raise fail(f"component {i + 1}: name {cname!r} must be an identifier", line)
+        seen.add(cname)
+        try:
+            params = validate_component(kind, entry)
+        except (TrajlakeError, ValueError, TypeError) as e:
+            raise fail(f"component {i + 1} ({kind}): {e}", line) from None
+        components.append(Component(kind, cname, float(weight), params, line))
+    return RewardSpec(name, tuple(components), Allocation(strategy, float(gamma)), source)
+
+
+def _component_lines(text: str) -> list[int]:
+    return [n for n, line in enumerate(text.splitlines(), 1) if line.strip().startswith("[[components]]")]
+
+
+def _line_of(text: str, header: str) -> int:
+    return next((n for n, line in enumerate(text.splitlines(), 1) if line.strip().startswith(header)), 0)
