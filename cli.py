@@ -47,6 +47,8 @@ def _global(
 
 
 def open_lake() -> Lake:
+    import trajlake.rewards  # noqa: F401 (registers the token_rewards view for queries)
+
     return Lake.open(State.lake_uri)
 
 
@@ -213,7 +215,7 @@ def rewards_diff(
     with open_lake() as lake:
         summary, changes = diff(lake, a, b, snapshot=snapshot, where=where, top=top)
     display.console.print(f"A = {a.name} ({a.spec_id}), B = {b.name} ({b.spec_id})")
-    display.emit(summary, display.Format.table, None)
+    display.emit_vertical(summary)
     display.emit(changes, display.Format.table, None)
 
 

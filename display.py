@@ -78,6 +78,20 @@ def emit(df: pl.DataFrame, fmt: Format, out: Path | None, max_rows: int = MAX_RO
         sys.stdout.write(text if text.endswith("\n") else text + "\n")
 
 
+def emit_vertical(df: pl.DataFrame, key: str | None = None) -> None:
+    """Print a few wide rows as one row per column (metric | value...), which fits a terminal."""
+    if df.height == 0:
+        emit(df, Format.table, None)
+        return
+    if key:
+        names = [str(v) for v in df[key].to_list()]
+    else:
+        names = ["value"] if df.height == 1 else [f"value{i}" for i in range(df.height)]
+    body = df.drop(key) if key else df
+    emit(body.cast(pl.String).transpose(include_header=True, header_name="metric", column_names=names),
+         Format.table, None)
+
+
 def shell(lake, snapshot: int | None = None) -> None:
     """A small SQL shell: statements end with `;`, `.snapshot N` pins a snapshot, `.quit` leaves."""
     interactive = sys.stdin.isatty()

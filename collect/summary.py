@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from trajlake.display import Format, emit
+from trajlake.display import emit_vertical
 
 SUMMARY_SQL = """
 SELECT e.env, count(*) AS episodes, round(avg(e.success::INT), 3) AS success_rate,
@@ -23,13 +23,4 @@ def run_summary(lake, run_id: str):
 
 def print_summary(lake, run_id: str) -> None:
     """One column per env, one row per metric (the metrics do not fit a terminal side by side)."""
-    import polars as pl
-
-    df = run_summary(lake, run_id)
-    if df.height == 0:
-        emit(df, Format.table, None)
-        return
-    envs = df["env"].to_list()
-    values = df.drop("env").cast(pl.String).transpose(include_header=True, header_name="metric",
-                                                      column_names=envs)
-    emit(values, Format.table, None)
+    emit_vertical(run_summary(lake, run_id), key="env")

@@ -10,6 +10,7 @@ from trajlake.schemas.records import (
     Task,
     TrainStep,
     Turn,
+    TurnReward,
     from_table,
     to_table,
 )
@@ -17,5 +18,5 @@ from trajlake.schemas.tables import TABLES, TableDef, table_def
 
 __all__ = [
     "RECORD_TYPES", "TABLES", "TableDef", "table_def", "to_table", "from_table",
-    "Task", "Run", "Policy", "Episode", "Turn", "RewardSpecRow", "EpisodeReward", "TrainStep",
+    "Task", "Run", "Policy", "Episode", "Turn", "RewardSpecRow", "EpisodeReward", "TurnReward", "TrainStep",
 ]

@@ -105,6 +105,14 @@ class EpisodeReward:
 
 
 @dataclass(frozen=True)
+class TurnReward:
+    spec_id: str
+    episode_id: str
+    turn: int
+    reward: float | None = None
+
+
+@dataclass(frozen=True)
 class TrainStep:
     run_id: str
     step: int
@@ -121,6 +129,7 @@ RECORD_TYPES: dict[str, type] = {
     "turns": Turn,
     "reward_specs": RewardSpecRow,
     "episode_rewards": EpisodeReward,
+    "turn_rewards": TurnReward,
     "train_steps": TrainStep,
 }
 TABLE_OF: dict[type, str] = {cls: name for name, cls in RECORD_TYPES.items()}
@@ -150,7 +159,10 @@ def to_table(records: Sequence[Any], table: str | None = None) -> pa.Table:
             values = [None if v is None else list(v.items()) for v in values]
         elif pa.types.is_list(f.type):
             values = [None if v is None else list(v) for v in values]
-        columns[f.name] = pa.array(values, type=f.type)
+        try:
+            columns[f.name] = pa.array(values, type=f.type)
+        except (TypeError, pa.ArrowException) as e:  # name the column: the Arrow message does not
+            raise type(e)(f"column {f.name}: {e}") from None
     return pa.table(columns, schema=schema)
 
 

@@ -189,6 +189,18 @@ EPISODE_REWARDS = TableDef(
     "An episode's reward under a spec, with each component's value.",
 )
 
+TURN_REWARDS = TableDef(
+    "turn_rewards",
+    pa.schema([
+        _f("spec_id", pa.string(), False),
+        _f("episode_id", pa.string(), False),
+        _f("turn", pa.int32(), False),
+        _f("reward", pa.float64()),
+    ]),
+    ("spec_id", "episode_id", "turn"),
+    "A spec's weighted process rewards per turn (non-zero only), for the per_turn allocation.",
+)
+
 TRAIN_STEPS = TableDef(
     "train_steps",
     pa.schema([
@@ -204,7 +216,7 @@ TRAIN_STEPS = TableDef(
 
 TABLES: dict[str, TableDef] = {
     t.name: t
-    for t in (TASKS, RUNS, POLICIES, EPISODES, TURNS, REWARD_SPECS, EPISODE_REWARDS, TRAIN_STEPS)
+    for t in (TASKS, RUNS, POLICIES, EPISODES, TURNS, REWARD_SPECS, EPISODE_REWARDS, TURN_REWARDS, TRAIN_STEPS)
 }
 
 

@@ -14,7 +14,8 @@ import time
 import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from datetime import timedelta
+from datetime import datetime, timedelta, timezone
+from datetime import time as datetime_time
 from typing import Any, Literal
 
 import duckdb
@@ -28,6 +29,13 @@ from trajlake.store.uri import CatalogURI, parse_uri
 from trajlake.store.validate import conform
 
 ALIAS = "lake"
+#: Views other stages define over the tables (name -> SELECT over bare table names); see `register_view`.
+_VIEWS: dict[str, str] = {}
+
+
+def register_view(name: str, select_sql: str) -> None:
+    """Make `name` queryable in `Lake.query` as a view over the (possibly pinned) store tables."""
+    _VIEWS[name] = select_sql
 #: Transient errors of concurrent writers that a retry resolves.
 _RETRYABLE = ("conflict", "database is locked", "could not serialize", "deadlock", "busy")
 MAX_RETRIES = 30
@@ -219,10 +227,13 @@ class Lake:
         *,
         snapshot: int | None = None,
         output: Literal["polars", "arrow"] = "polars",
+        tables: Mapping[str, pa.Table] | None = None,
     ) -> pl.DataFrame | pa.Table:
         """Run `sql` over the store's tables (bare names: `episodes`, `turns`, ...).
 
-        With `snapshot`, every table is read as it was at that snapshot. Returns polars or Arrow.
+        With `snapshot`, every table is read as it was at that snapshot (and so is every registered view,
+        e.g. `token_rewards`). `tables` are extra Arrow tables the query may read by name. Returns polars or
+        Arrow.
         """
         cur = self._cursor()
         try:
@@ -230,6 +241,11 @@ class Lake:
                 cur.execute(f"USE {ALIAS}")
             else:
                 self._pin(cur, snapshot)
+            for name, table in (tables or {}).items():
+                cur.register(name, table)
+            for name, body in _VIEWS.items():
+                if name in sql:  # views are defined per query, over the (maybe pinned) bare table names
+                    cur.execute(f"CREATE TEMP VIEW {name} AS {body}")
             try:
                 rel = cur.execute(sql, params) if params else cur.sql(sql)
                 if rel is None:
@@ -287,15 +303,9 @@ class Lake:
             cur.execute(f"CALL ducklake_flush_inlined_data('{ALIAS}')")
             cur.execute(f"CALL ducklake_merge_adjacent_files('{ALIAS}')")
             if expire_older_than is not None:
-                rows = cur.execute(
-                    f"CALL ducklake_expire_snapshots('{ALIAS}', older_than => now() - to_microseconds(?))",
-                    [int(expire_older_than.total_seconds() * 1e6)],
-                ).fetchall()
-                done["snapshots_expired"] = len(rows)
+                done["snapshots_expired"] = self._expire(cur, expire_older_than)
+            done["old_files_deleted"] = self._cleanup_old_files(cur, grace)
             cutoff = [int(grace.total_seconds() * 1e6)]
-            done["old_files_deleted"] = len(cur.execute(
-                f"CALL ducklake_cleanup_old_files('{ALIAS}', older_than => now() - to_microseconds(?))", cutoff
-            ).fetchall())
             done["orphans_deleted"] = len(cur.execute(
                 f"CALL ducklake_delete_orphaned_files('{ALIAS}', older_than => now() - to_microseconds(?))", cutoff
             ).fetchall())
@@ -305,6 +315,48 @@ class Lake:
             cur.close()
         done["snapshot"] = self.current_snapshot()
         return done
+
+    # DuckLake's own `older_than` filters compare a SQLite catalog's timestamps, stored as text, as strings
+    # with an ISO-8601 cutoff ('T' sorts after ' '), so they match every snapshot or file of the cutoff's
+    # day however recent: `expire_older_than=1h` expired all of today's snapshots. Hence these two helpers.
+
+    def _expire(self, cur: duckdb.DuckDBPyConnection, older_than: timedelta) -> int:
+        """Expire the snapshots older than `older_than` (never the latest), chosen by typed time, by id."""
+        ids = [r[0] for r in cur.execute(
+            f"SELECT snapshot_id FROM ducklake_snapshots('{ALIAS}') "
+            f"WHERE snapshot_time < now() - to_microseconds(?) "
+            f"AND snapshot_id < (SELECT max(snapshot_id) FROM ducklake_snapshots('{ALIAS}'))",
+            [int(older_than.total_seconds() * 1e6)],
+        ).fetchall()]
+        if not ids:
+            return 0
+        return len(cur.execute(f"CALL ducklake_expire_snapshots('{ALIAS}', versions => ?)", [ids]).fetchall())
+
+    def _cleanup_old_files(self, cur: duckdb.DuckDBPyConnection, grace: timedelta) -> int:
+        """Delete files that left the lake (merged away, expired) more than `grace` ago."""
+        cutoff = datetime.now(timezone.utc) - grace
+        call = f"CALL ducklake_cleanup_old_files('{ALIAS}', older_than => ?::TIMESTAMPTZ)"
+        if self.catalog.backend != "sqlite":
+            return len(cur.execute(call, [cutoff]).fetchall())
+        cur.execute("BEGIN TRANSACTION")  # the check and the deletion see the same scheduled files
+        try:
+            young = cur.execute(
+                f"SELECT count(*) FROM __ducklake_metadata_{ALIAS}.ducklake_files_scheduled_for_deletion "
+                "WHERE schedule_start::TIMESTAMPTZ >= ?::TIMESTAMPTZ",
+                [cutoff],
+            ).fetchone()[0]
+            if not young:
+                n = len(cur.execute(f"CALL ducklake_cleanup_old_files('{ALIAS}', cleanup_all => true)").fetchall())
+            else:
+                # Some are too recent: cut off at the end of the UTC day two days before the cutoff's, which
+                # (a stored date is off the UTC date by a day at most) matches only files older than the cutoff.
+                day = datetime.combine(cutoff.date(), datetime_time(), tzinfo=timezone.utc)
+                n = len(cur.execute(call, [day - timedelta(days=1, microseconds=1)]).fetchall())
+            cur.execute("COMMIT")
+        except duckdb.Error:
+            _rollback(cur)
+            raise
+        return n
 
 
 def _is_json_col(table: str, column: str) -> bool:
