@@ -79,7 +79,13 @@ class CollectConfig:
              f"unknown on_format_error {self.on_format_error!r}; valid: {FORMAT_FALLBACKS}"),
             (self.max_context_tokens > self.max_new_tokens,
              f"max_context_tokens ({self.max_context_tokens}) must exceed max_new_tokens ({self.max_new_tokens})"),
-            (self.chunk_turns >= 1, "chunk_turns must be >= 1"),
+            (self.chunk_turns >= 1, f"chunk_turns must be >= 1, got {self.chunk_turns}"),
+            (self.chunk_seconds > 0, f"chunk_seconds must be > 0, got {self.chunk_seconds}"),
+            (self.temperature >= 0, f"temperature must be >= 0, got {self.temperature}"),
+            (0 < self.top_p <= 1, f"top_p must be in (0, 1], got {self.top_p}"),
+            (self.max_new_tokens >= 1, f"max_new_tokens must be >= 1, got {self.max_new_tokens}"),
+            (self.env != "agentgym" or bool(self.env_kwargs.get("url")),
+             "env agentgym needs env_kwargs['url'] (the AgentGym env server's URL)"),
         ]
         for ok, message in checks:
             if not ok:

