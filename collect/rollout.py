@@ -119,15 +119,19 @@ class Rollout:
 
     # ---- the loop ------------------------------------------------------------------------------
     def run(self) -> str:
-        tasks = self._tasks()
-        self._register(tasks)
-        pending = self._pending(tasks)
-        total = len(pending)
+        try:
+            tasks = self._tasks()
+            self._register(tasks)
+            pending = self._pending(tasks)
+        except BaseException:
+            self.pool.close()
+            raise
         from trajlake.collect.progress import CollectProgress
 
-        bar = CollectProgress(total, enabled=self.config.progress, run_id=self.run_id)
+        bar = CollectProgress(len(pending), enabled=self.config.progress, run_id=self.run_id)
         live: dict[int, _Live] = {}
         free = deque(range(self.config.concurrency))
+        self.policy.reset_rng(self.config.seed)
         try:
             with bar:
                 while pending or live:
@@ -200,6 +204,8 @@ class Rollout:
         outcomes = self.pool.step_many(actions)
         for ep, (content, action, ids, logprobs), out in zip(eps, replies, outcomes, strict=True):
             info = dict(out.info or {})
+            if out.error is not None:
+                info["error"] = out.error
             last = out.done or out.error is not None or len(ep.turns) + 1 >= self.config.max_turns
             if last and out.observation:
                 info["final_observation"] = out.observation

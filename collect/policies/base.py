@@ -77,6 +77,9 @@ class Policy(ABC):
     def generate(self, requests: list[Request], params: SamplingParams) -> list[Generation]:
         """Answer every request (same order), in as few model calls as the backend allows."""
 
+    def reset_rng(self, seed: int) -> None:
+        """Seed the sampler at the start of a run, so a run is reproducible."""
+
     def start_episode(self, key: str, task: Any) -> None:
         """Called when an episode starts (scripted experts reset here)."""
 
