@@ -13,7 +13,7 @@ export DS_ACCELERATOR ?= cpu
 
 SMOLLM2 ?= models/smollm2
 
-.PHONY: setup setup-smollm2 test test-slow test-all demo collect envs sql snapshots maintain lint clean
+.PHONY: setup setup-smollm2 test test-slow test-all demo collect rewards envs sql snapshots maintain lint clean
 
 setup: $(STAMP)
 
@@ -53,6 +53,10 @@ setup-smollm2: setup
 
 $(SMOLLM2)/model.safetensors: | setup-smollm2
 	$(TRAJLAKE) model smollm2 --out $(SMOLLM2)
+
+SPEC ?=
+rewards: setup
+	$(TRAJLAKE) --lake $(LAKE) rewards $(if $(SPEC),--spec $(SPEC),)
 
 envs: setup
 	$(TRAJLAKE) envs
