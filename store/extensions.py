@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib.util
+from collections.abc import Iterable
 from pathlib import Path
 
 import duckdb
@@ -35,9 +36,10 @@ def extension_path(name: str) -> Path:
     )
 
 
-def connect() -> duckdb.DuckDBPyConnection:
-    """An in-memory DuckDB connection that never downloads an extension, with ours loaded."""
+def connect(names: Iterable[str] | None = None) -> duckdb.DuckDBPyConnection:
+    """An in-memory DuckDB connection that never downloads an extension, with `names` (default: all of ours)
+    loaded; each takes about 0.2 s to load."""
     con = duckdb.connect(config={"autoinstall_known_extensions": False})
-    for name in EXTENSION_PACKAGES:
+    for name in EXTENSION_PACKAGES if names is None else names:
         con.load_extension(str(extension_path(name)))
     return con

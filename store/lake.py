@@ -57,6 +57,9 @@ class Lake:
         self._con = con
         self.catalog = catalog
         self._lock = threading.Lock()  # guards the base connection, which is used only to make cursors
+        # last_committed_snapshot() is per attached lake, not per cursor: no other thread may commit between
+        # a commit and reading its snapshot id
+        self._commit_lock = threading.Lock()
 
     # ---- opening -------------------------------------------------------------------------------
     @classmethod
@@ -64,7 +67,7 @@ class Lake:
         """Open (creating if new) the lake at `uri`: a folder, `sqlite:FILE` or `postgres:CONNINFO`."""
         catalog = parse_uri(uri)
         catalog.prepare()
-        con = extensions.connect()
+        con = extensions.connect(catalog.extensions)
         try:
             con.execute(catalog.attach_sql(ALIAS))
         except duckdb.Error as e:
@@ -207,8 +210,9 @@ class Lake:
                 cur.execute(
                     f"CALL {ALIAS}.set_commit_message(?, ?, extra_info => ?)", [stage, message, extra]
                 )
-                cur.execute("COMMIT")
-                return cur.execute(f"SELECT id FROM {ALIAS}.last_committed_snapshot()").fetchone()[0]
+                with self._commit_lock:
+                    cur.execute("COMMIT")
+                    return cur.execute(f"SELECT id FROM {ALIAS}.last_committed_snapshot()").fetchone()[0]
             except duckdb.Error as e:
                 _rollback(cur)
                 if attempt + 1 < MAX_RETRIES and any(s in str(e).lower() for s in _RETRYABLE):

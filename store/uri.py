@@ -10,6 +10,7 @@
 from __future__ import annotations
 
 import os
+import sqlite3
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -33,18 +34,48 @@ class CatalogURI:
     def multi_process(self) -> bool:
         return self.backend != "duckdb"
 
+    @property
+    def extensions(self) -> tuple[str, ...]:
+        """The DuckDB extensions this catalog needs."""
+        scanner = {"sqlite": ("sqlite_scanner",), "postgres": ("postgres_scanner",)}.get(self.backend, ())
+        return ("ducklake", *scanner)
+
     def attach_sql(self, alias: str) -> str:
         opts = [f"DATA_PATH {_quote(self.data_path)}"]
         if self.metadata_schema:
             opts.append(f"METADATA_SCHEMA {_quote(self.metadata_schema)}")
+        if self.backend == "duckdb":
+            # DuckLake inlines small inserts into a DuckDB-file catalog with DOUBLEs rounded to 16 digits
+            # (0.09719760778190321 is read back as 0.0971976077819032): write every insert to parquet instead.
+            opts.append("DATA_INLINING_ROW_LIMIT 0")
         return f"ATTACH {_quote('ducklake:' + self.metadata)} AS {alias} ({', '.join(opts)})"
 
     def prepare(self) -> None:
         """Create local folders the catalog and data need (nothing for remote paths)."""
         if self.backend in ("duckdb", "sqlite"):
-            Path(self.metadata).parent.mkdir(parents=True, exist_ok=True)
+            Path(self.metadata.removeprefix("sqlite:")).parent.mkdir(parents=True, exist_ok=True)
+        if self.backend == "sqlite":
+            _use_wal(self.metadata.removeprefix("sqlite:"))
         if "://" not in self.data_path:
             Path(self.data_path).mkdir(parents=True, exist_ok=True)
+
+
+def _use_wal(path: str) -> None:
+    """Put a SQLite catalog in WAL mode (persistent, so this acts once per file).
+
+    In SQLite's default rollback-journal mode, concurrent DuckLake transactions on one catalog (threads
+    of one process, or several processes) can deadlock each other in SQLite's busy handler; in WAL mode
+    readers never block the writer. If another process holds the file so the mode cannot change now,
+    the lake still opens, and a later open switches it.
+    """
+    con = sqlite3.connect(path, timeout=10)
+    try:
+        if con.execute("PRAGMA journal_mode").fetchone()[0].lower() != "wal":
+            con.execute("PRAGMA journal_mode=WAL")
+    except sqlite3.Error:
+        pass
+    finally:
+        con.close()
 
 
 def _quote(s: str) -> str:
