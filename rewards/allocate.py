@@ -17,21 +17,25 @@ Turns with no agent tokens carry nothing (a process reward on such a turn is dro
 from __future__ import annotations
 
 SEGMENTS_SQL = """
-WITH spans AS (
-    SELECT episode_id, turn, len(response_token_ids) AS n,
-           sum(len(prompt_token_ids) + len(response_token_ids))
-               OVER (PARTITION BY episode_id ORDER BY turn ROWS UNBOUNDED PRECEDING)
-           - len(response_token_ids) AS start
+WITH lens AS (  -- NULL token lists count as empty
+    SELECT episode_id, turn, coalesce(len(prompt_token_ids), 0) AS np, coalesce(len(response_token_ids), 0) AS n
     FROM turns
+), spans AS (
+    SELECT episode_id, turn, n,
+           CAST(sum(np + n) OVER (PARTITION BY episode_id ORDER BY turn ROWS UNBOUNDED PRECEDING) - n
+                AS BIGINT) AS start  -- sum() is HUGEINT, which Arrow would read as decimal128
+    FROM lens
+), alloc AS MATERIALIZED (  -- each spec's strategy and gamma, parsed once per spec and not per segment row
+    SELECT spec_id, json_extract_string(spec, '$.allocation.strategy') AS strategy,
+           coalesce(TRY_CAST(json_extract(spec, '$.allocation.gamma') AS DOUBLE), 1.0) AS gamma
+    FROM reward_specs
 ), segs AS (
-    SELECT r.spec_id, s.episode_id, s.turn, s.n, s.start, r.total,
-           json_extract_string(sp.spec, '$.allocation.strategy') AS strategy,
-           coalesce(TRY_CAST(json_extract(sp.spec, '$.allocation.gamma') AS DOUBLE), 1.0) AS gamma,
+    SELECT r.spec_id, s.episode_id, s.turn, s.n, s.start, r.total, sp.strategy, sp.gamma,
            sum(s.n) OVER (PARTITION BY r.spec_id, s.episode_id) AS agent_total,
            coalesce(sum(s.n) OVER (PARTITION BY r.spec_id, s.episode_id ORDER BY s.turn
                                    ROWS BETWEEN 1 FOLLOWING AND UNBOUNDED FOLLOWING), 0) AS after,
            s.turn = max(s.turn) OVER (PARTITION BY r.spec_id, s.episode_id) AS last_seg
-    FROM spans s JOIN episode_rewards r USING (episode_id) JOIN reward_specs sp USING (spec_id)
+    FROM spans s JOIN episode_rewards r USING (episode_id) JOIN alloc sp USING (spec_id)
     WHERE s.n > 0
 ), per_turn AS (
     SELECT g.*, coalesce(tr.reward, 0) AS process,

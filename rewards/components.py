@@ -148,7 +148,8 @@ register(ComponentKind(
     {"success": 1.0, "failure": -1.0},
     _goal_check,
     _none,
-    lambda n, p: {f"{n}__score": "arg_max(TRY_CAST(json_extract(info, '$.score') AS DOUBLE), turn)"},
+    # arg_max_null: the last turn's score even when it is NULL (arg_max would skip to an earlier turn's)
+    lambda n, p: {f"{n}__score": "arg_max_null(TRY_CAST(json_extract(info, '$.score') AS DOUBLE), turn)"},
     lambda n, p: (f"CASE WHEN ep.success THEN {_num(p['success'])} "
                   f"WHEN ep.status = 'ok' AND ep.success = false THEN {_num(p['failure'])} "
                   f"ELSE coalesce(agg.{n}__score, ep.env_reward, 0) END"),
@@ -187,7 +188,8 @@ register(ComponentKind(
     _length_check,
     _none,
     lambda n, p: {f"{n}__len": ("arg_max" if p["scope"] == "last" else "sum")
-                  + ("(len(response_token_ids)" if p["unit"] == "tokens" else "(length(coalesce(action_text, ''))")
+                  + ("(coalesce(len(response_token_ids), 0)" if p["unit"] == "tokens"
+                     else "(length(coalesce(action_text, ''))")
                   + (", turn)" if p["scope"] == "last" else ")")},
     _length_value,
 ))
@@ -249,8 +251,11 @@ register(ComponentKind(
 # ---- process -----------------------------------------------------------------------------------------
 SIGNALS = {
     "format_ok": "coalesce(format_ok, false)",
-    "valid_action": "coalesce(TRY_CAST(json_extract(info, '$.valid') AS BOOLEAN), false)",
-    "new_observation": "(prev_observation IS NULL OR observation IS DISTINCT FROM prev_observation)",
+    # JSON true only: TRY_CAST would also read the strings "yes", "true", "1" and the number 1 as true
+    "valid_action": "coalesce(CAST(json_extract(info, '$.valid') AS VARCHAR) = 'true', false)",
+    # the first turn (not: any turn after a NULL observation) always counts as new
+    "new_observation": "(lag(turn) OVER (PARTITION BY episode_id ORDER BY turn) IS NULL "
+                       "OR observation IS DISTINCT FROM prev_observation)",
     "positive_step": "coalesce(step_reward, 0) > 0",
 }
 

@@ -89,21 +89,24 @@ def parse_spec(text: str, source: str = "<spec>") -> RewardSpec:
     try:
         data = tomllib.loads(text)
     except tomllib.TOMLDecodeError as e:
-        raise SpecError(f"{source}: not valid TOML: {e}") from None
+        at = re.search(r"\(at line (\d+), column \d+\)", str(e))  # Python < 3.14 has no e.lineno
+        raise SpecError(f"{source}:{at.group(1) if at else 1}: not valid TOML: {e}") from None
     lines = _component_lines(text)
 
     def fail(msg: str, line: int = 0) -> SpecError:
-        return SpecError(f"{source}:{line}: {msg}" if line else f"{source}: {msg}")
+        # errors about the whole file point at its first line
+        return SpecError(f"{source}:{line or 1}: {msg}")
 
     unknown = set(data) - {"name", "allocation", "components", "description"}
     if unknown:
-        raise fail(f"unknown top-level key(s) {', '.join(sorted(unknown))}; keys are name, allocation, components")
+        raise fail(f"unknown top-level key(s) {', '.join(sorted(unknown))}; keys are name, allocation, components",
+                   min(filter(None, (_key_line(text, k) for k in unknown)), default=0))
     name = data.get("name")
     if not isinstance(name, str) or not name:
-        raise fail("a spec needs a `name` (a non-empty string)")
+        raise fail("a spec needs a `name` (a non-empty string)", _key_line(text, "name"))
     alloc = data.get("allocation", {})
     if not isinstance(alloc, dict):
-        raise fail("[allocation] must be a table")
+        raise fail("[allocation] must be a table", _key_line(text, "allocation"))
     extra = set(alloc) - {"strategy", "gamma"}
     if extra:
         raise fail(f"[allocation]: unknown key(s) {', '.join(sorted(extra))}", _line_of(text, "[allocation]"))
@@ -116,9 +119,9 @@ def parse_spec(text: str, source: str = "<spec>") -> RewardSpec:
         raise fail(f"allocation gamma must be in (0, 1], got {gamma!r}", _line_of(text, "[allocation]"))
     raw = data.get("components")
     if not isinstance(raw, list) or not raw:
-        raise fail("a spec needs at least one [[components]] entry")
+        raise fail("a spec needs at least one [[components]] entry", _key_line(text, "components"))
 
-    from trajlake.rewards.components import validate_component
+    from trajlake.rewards.components import kinds, validate_component
 
     components: list[Component] = []
     seen: set[str] = set()
@@ -127,11 +130,14 @@ def parse_spec(text: str, source: str = "<spec>") -> RewardSpec:
         entry = dict(entry)
         kind = entry.pop("kind", None)
         weight = entry.pop("weight", 1.0)
-        cname = entry.pop("name", None) or kind
+        explicit = entry.pop("name", None)
+        cname = explicit or kind
+        if not isinstance(kind, str):
+            raise fail(f"component {i + 1}: needs a `kind` (one of {', '.join(kinds())}), got {kind!r}", line)
         if not isinstance(weight, (int, float)) or isinstance(weight, bool):
             raise fail(f"component {i + 1}: weight must be a number, got {weight!r}", line)
-        if cname in seen:
-            cname = f"{cname}_{i + 1}" if entry.get("name") is None else cname
+        if cname in seen and explicit is None:  # unnamed components of one kind: goal, goal_2, ...
+            cname = f"{cname}_{i + 1}"
         if cname in seen:
             raise fail(f"component {i + 1}: name {cname!r} is used twice", line)
         if not isinstance(cname, str) or not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", cname or ""):
@@ -147,6 +153,18 @@ def parse_spec(text: str, source: str = "<spec>") -> RewardSpec:
 
 def _component_lines(text: str) -> list[int]:
     return [n for n, line in enumerate(text.splitlines(), 1) if line.strip().startswith("[[components]]")]
+
+
+def _key_line(text: str, key: str) -> int:
+    """The line of top-level `key` (`key = ...` before any table, or a `[key]` / `[[key]]` header); 0 if absent."""
+    header = re.compile(rf"\s*\[\[?\s*{re.escape(key)}\s*\]")
+    assign = re.compile(rf"\s*{re.escape(key)}\s*=")
+    in_table = False
+    for n, line in enumerate(text.splitlines(), 1):
+        if header.match(line) or (not in_table and assign.match(line)):
+            return n
+        in_table = in_table or line.lstrip().startswith("[")
+    return 0
 
 
 def _line_of(text: str, header: str) -> int:
