@@ -60,10 +60,12 @@ def compile_query(spec: RewardSpec, *, where: str | None = None, only_new: bool 
     total = " + ".join(f"{c.weight!r} * c_{c.name}" for c in spec.components)
     names = ", ".join(sql_str(c.name) for c in spec.components)
     weighted = ", ".join(f"c_{c.name}" for c in spec.components)
+    # the window over every turn is the query's most expensive part: only process components need it
+    prev = (", lag(observation) OVER (PARTITION BY episode_id ORDER BY turn) AS prev_observation"
+            if any(c.kind == "process" for c in spec.components) else "")
     return f"""
 WITH ep AS ({episodes_cte(spec, where, only_new)}),
-tu0 AS (SELECT *, lag(observation) OVER (PARTITION BY episode_id ORDER BY turn) AS prev_observation
-        FROM turns WHERE episode_id IN (SELECT episode_id FROM ep)),
+tu0 AS (SELECT *{prev} FROM turns WHERE episode_id IN (SELECT episode_id FROM ep)),
 tu AS (SELECT *{tcols} FROM tu0),
 {agg_cte},
 vals AS (SELECT ep.episode_id, {comp_cols} FROM ep LEFT JOIN agg USING (episode_id) {' '.join(py_joins)})
