@@ -24,6 +24,7 @@ ids); that is also what a rollout does, which tokenizes each new prompt piece an
 
 from __future__ import annotations
 
+import functools
 import hashlib
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
@@ -68,6 +69,13 @@ class ChatRenderer:
             eos = getattr(tokenizer, "eos_token", None)
             cands = ([eos] if eos else []) + [c for c in END_OF_TURN_CANDIDATES if c in specials]
             self.end_of_turn = tuple(sorted(dict.fromkeys(cands), key=len, reverse=True))
+
+    @functools.cached_property
+    def template_end_of_turn(self) -> str | None:
+        """The end-of-turn token this template writes after an assistant message, if any."""
+        probe = self.render([{"role": "user", "content": "x"}, {"role": "assistant", "content": _SENTINEL}])
+        closing = probe[probe.index(_SENTINEL) + len(_SENTINEL):] if _SENTINEL in probe else ""
+        return next((e for e in self.end_of_turn if closing.startswith(e)), None)
 
     # ---- rendering and tokenizing ------------------------------------------------------------
     def render(self, messages: Sequence[Message], *, generation_prompt: bool = False) -> str:
@@ -184,10 +192,11 @@ class Conversation:
             raise ChatTemplateError("reply_ids() needs a prompt() first")
         text = self.renderer.decode(ids)
         content = text
-        for eot in self.renderer.end_of_turn:
-            if text.endswith(eot):
-                content = text[: -len(eot)]
-                break
+        # Only the token the template closes assistant messages with ends the turn: another special token
+        # that happens to end a reply cut at max tokens (e.g. <|endoftext|>) is part of its content.
+        eot = self.renderer.template_end_of_turn
+        if eot and text.endswith(eot):
+            content = text[: -len(eot)]
         self.messages.append({"role": "assistant", "content": content})
         self.text += text
         self._awaiting_reply = False

@@ -1,18 +1,53 @@
 """Transformers policy: batched sampling on CPU (the default backend) or GPU, returning exact ids.
 
-All live episodes' contexts go to one `generate` call (left-padded), up to `max_batch` rows at a time.
-Logprobs are those of the distribution sampled from: log_softmax(logits / temperature) at the sampled id,
-before top-p truncation (as verl computes them), and of the raw logits when greedy.
+All live episodes' requests are answered together, up to `max_batch` rows at a time. Logprobs are those of
+the distribution sampled from: log_softmax(logits / temperature) at the sampled id, before top-p truncation
+(as verl computes them), and of the raw logits when greedy.
+
+Prefix caching. A multi-turn episode sends its whole context every turn, and re-reading it is most of the
+work. So the policy keeps each episode's attention keys and values (its KV cache) between turns, keyed by
+`request.key` (the episode id), and a turn feeds the model only the tokens the cache does not cover: the
+new prompt (and the previous reply's last token). The cache is checked against the request: it is used
+for the longest common prefix of the ids it covers and `request.prompt_ids` (a context that was rewritten
+is re-read from where it differs; the rest of the cache is dropped), so the result never depends on it.
+
+The KV caches live in one preallocated buffer per layer of shape (slots, kv_heads, width, head_dim): each
+cached episode owns a slot (a row) and its keys and values sit at columns 0..len-1, i.e. column = position.
+A turn's rows are a contiguous range of slots, so the model reads them as a view (no copying); the new
+prompt tokens (left-padded to a common length, so every row's last prompt token is the last column) are
+written at their own positions, pads after the row's end where decoding later overwrites them; each decode
+step writes one column per row (no reallocation, no concatenation). The attention mask is explicit (4D:
+key column <= the query's position) and so are the position ids (each row's own), so every row computes
+what an unpadded forward pass over its full sequence computes.
+
+Prefixes shared by episodes are read once: new episodes of one batch whose prompts start the same way (the
+system prompt; all samples of a task) get the common part computed for one of them and copied, and a new
+episode can start from what an ended episode left in its freed slot.
+
+Memory: the buffer grows as needed (geometrically); it holds the batch's rows plus, up to
+`max_cache_bytes`, other episodes' slots (least recently used ones are evicted first). `end_episode(key)`
+frees the episode's slot for the next one; `clear_cache()` (and `close()`) release the buffer.
+
+Models whose attention this cannot drive (sliding windows, linear attention, attention kernels other than
+sdpa/eager) and `prefix_cache=False` use `model.generate` on the left-padded full contexts instead.
 """
 
 from __future__ import annotations
 
+import itertools
+from dataclasses import dataclass, field
 from pathlib import Path
 
+import numpy as np
 import torch
 
 from trajlake.collect.policies.base import Generation, Policy, Request, SamplingParams
 from trajlake.store.errors import TrajlakeError
+
+#: default bound of the memory kept for cached episodes that are not being answered (the rows of a batch
+#: always fit, whatever this says)
+DEFAULT_CACHE_BYTES = 2 << 30
+_ATTENTIONS = ("sdpa", "eager")
 
 
 def load_model(path: str | Path, device: str = "cpu", dtype: torch.dtype = torch.float32):
@@ -42,13 +77,249 @@ def stop_ids(tokenizer, model) -> list[int]:
     return sorted(ids)
 
 
+def cache_unsupported(model) -> str | None:
+    """Why the prefix-cached decoder cannot drive `model` (None when it can)."""
+    config = getattr(model, "config", None)
+    if config is None:
+        return "the model has no config"
+    if getattr(config, "is_encoder_decoder", False):
+        return "encoder-decoder model"
+    impl = getattr(config, "_attn_implementation", None) or "eager"
+    if impl not in _ATTENTIONS:
+        return f"attention implementation {impl!r} (supported: {', '.join(_ATTENTIONS)})"
+    types = getattr(config, "layer_types", None)
+    if types and any(t != "full_attention" for t in types):
+        return f"layer types {sorted(set(types))} (only full attention is supported)"
+    if not types and getattr(config, "sliding_window", None) and getattr(config, "use_sliding_window", True):
+        return "sliding-window attention"
+    return None
+
+
+def common_prefix(a: list[int], b: list[int]) -> int:
+    """Length of the longest common prefix of two id lists."""
+    n = min(len(a), len(b))
+    if a[:n] == b[:n]:
+        return n
+    lo, hi = 0, n  # a[:lo] == b[:lo] and a[:hi] != b[:hi]
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        if a[:mid] == b[:mid]:
+            lo = mid
+        else:
+            hi = mid
+    return lo
+
+
+@dataclass
+class _Slot:
+    """A slot's contents: the ids its keys and values cover (columns 0..len(ids)-1). `key` is the episode
+    that owns it; None for a free slot, whose ids (what its last owner left) can still seed a new episode
+    whose prompt starts the same way."""
+
+    key: object
+    ids: list[int] = field(default_factory=list)
+    used: int = 0  # recency, for LRU eviction
+
+
+class _KVStore:
+    """The slot buffer: keys and values of shape (layers, slots, kv_heads, width, head_dim)."""
+
+    def __init__(self, layers: int, heads: int, head_dim: int, dtype: torch.dtype, device, max_bytes: int):
+        self.layers, self.heads, self.head_dim, self.dtype, self.device = layers, heads, head_dim, dtype, device
+        self.max_bytes = max_bytes
+        self.col_bytes = 2 * layers * heads * head_dim * torch.empty((), dtype=dtype).element_size()
+        self.keys = self.values = None
+        self.slots: list[_Slot | None] = []
+        self.where: dict[object, int] = {}  # owner key -> slot index
+        self.clock = itertools.count(1)
+
+    @property
+    def width(self) -> int:
+        return 0 if self.keys is None else self.keys.shape[3]
+
+    @property
+    def nbytes(self) -> int:
+        return 0 if self.keys is None else len(self.slots) * self.width * self.col_bytes
+
+    def free(self, s: int) -> bool:
+        return self.slots[s] is None or self.slots[s].key is None
+
+    def drop(self, key) -> None:
+        """Forget `key`; its slot becomes free (its data stays until reused, see `claim`)."""
+        s = self.where.pop(key, None)
+        if s is not None:
+            self.slots[s].key = None
+
+    def clear(self) -> None:
+        self.keys = self.values = None
+        self.slots, self.where = [], {}
+
+    def claim(self, key, prompt: list[int]) -> int:
+        """Give the key without a slot the free slot whose leftover ids share the longest prefix with
+        `prompt` (a system prompt, say); returns that prefix's length (0: nothing claimed)."""
+        best, where = 0, None
+        for s, slot in enumerate(self.slots):
+            if slot is not None and slot.key is None and slot.ids:
+                n = common_prefix(slot.ids, prompt)
+                if n > best:
+                    best, where = n, s
+        if where is not None:
+            slot = self.slots[where]
+            slot.key, slot.ids = key, slot.ids[:best]
+            self.where[key] = where
+        return best
+
+    def copy(self, src: int, dst: int, start: int, stop: int) -> None:
+        """Copy columns start..stop-1 of slot `src` to slot `dst`."""
+        if stop > start:
+            self.keys[:, dst, :, start:stop] = self.keys[:, src, :, start:stop]
+            self.values[:, dst, :, start:stop] = self.values[:, src, :, start:stop]
+
+    def _move(self, src: int, dst: int) -> None:
+        """Move a slot's owner and data to the free slot `dst`."""
+        slot = self.slots[src]
+        self.copy(src, dst, 0, len(slot.ids))
+        self.slots[dst], self.slots[src] = slot, None
+        self.where[slot.key] = dst
+
+    def place(self, keys: list[object], need_width: int) -> int:
+        """Give the (distinct) `keys` the slots lo..lo+len(keys)-1, in any order, keeping what each has
+        cached (a key without a slot gets an empty one), with at least `need_width` columns. Returns lo.
+        The buffer holds at most max(len(keys), max_bytes // bytes per slot) slots: other keys that do not
+        fit are evicted, least recently used first."""
+        b = len(keys)
+        mine = set(keys)
+        others = sum(1 for k in self.where if k not in mine)
+        width = self.width
+        if need_width > width:  # grow geometrically: contexts grow every turn
+            width = -(-max(need_width, 2 * width) // 64) * 64
+        want = min(b + others, max(b, self.max_bytes // (width * self.col_bytes)))
+        if self.keys is None or width > self.width or len(self.slots) < want:
+            self._realloc(keys, want, width)
+        n = len(self.slots)
+        # the window that copies the fewest columns: the batch's cached columns already in it count for
+        # it, other keys' ones (to move out) against it (ties: the lowest)
+        kept = [0 if s is None or s.key is None else len(s.ids) + 1 if s.key in mine else -len(s.ids) - 1
+                for s in self.slots]
+        run = best = sum(kept[:b])
+        lo = 0
+        for start in range(1, n - b + 1):
+            run += kept[start + b - 1] - kept[start - 1]
+            if run > best:
+                best, lo = run, start
+        window = range(lo, lo + b)
+        outside_free = [t for t in range(n) if t not in window and self.free(t)]
+        for s in window:  # other keys leave the window; with no room outside, the least recently used goes
+            slot = self.slots[s]
+            if slot is None or slot.key is None or slot.key in mine:
+                continue
+            if not outside_free:
+                victim = min((t for t in range(n) if t not in window and not self.free(t)),
+                             key=lambda t: self.slots[t].used, default=s)
+                victim = victim if self.slots[victim].used < slot.used else s
+                self.drop(self.slots[victim].key)
+                if victim == s:
+                    continue
+                outside_free.append(victim)
+            self._move(s, outside_free.pop())
+        free = [s for s in window if self.free(s)]
+        for key in keys:
+            have = self.where.get(key)
+            if have is None:
+                s = free.pop()
+                self.slots[s] = _Slot(key)
+                self.where[key] = s
+            elif have not in window:
+                self._move(have, free.pop())
+        tick = next(self.clock)
+        for s in window:
+            self.slots[s].used = tick
+        return lo
+
+    def _realloc(self, keys: list[object], n_slots: int, width: int) -> None:
+        """A new buffer of `n_slots` slots of `width` columns: the batch's cached keys first (the batch then
+        takes slots 0..len(keys)-1), then the others by recency, as many as fit (the rest are evicted)."""
+        mine = set(keys)
+        olds = [s for s in self.slots if s is not None and s.key is not None]
+        ours = [s for s in olds if s.key in mine]
+        rest = sorted((s for s in olds if s.key not in mine), key=lambda s: -s.used)
+        layout = ours + [None] * (len(keys) - len(ours)) + rest
+        layout = layout[:n_slots] + [None] * (n_slots - len(layout))
+        shape = (self.layers, n_slots, self.heads, width, self.head_dim)
+        # zeros: columns a row attends to are always written first, but the batch's other rows' unwritten
+        # columns are read (and masked) too, and must not hold NaNs
+        keys_buf = torch.zeros(shape, dtype=self.dtype, device=self.device)
+        values_buf = torch.zeros(shape, dtype=self.dtype, device=self.device)
+        where = {}
+        for i, slot in enumerate(layout):
+            if slot is None:
+                continue
+            old, n = self.where[slot.key], len(slot.ids)
+            if n:
+                keys_buf[:, i, :, :n] = self.keys[:, old, :, :n]
+                values_buf[:, i, :, :n] = self.values[:, old, :, :n]
+            where[slot.key] = i
+        self.keys, self.values, self.slots, self.where = keys_buf, values_buf, layout, where
+
+
+def _make_cache_classes():
+    """Cache and cache-layer classes that read and write the slot buffer (built lazily: transformers is
+    imported only when a model is used)."""
+    from transformers.cache_utils import Cache, CacheLayerMixin
+
+    class SlotLayer(CacheLayerMixin):
+        is_sliding = False
+
+        def __init__(self, owner, layer: int):
+            super().__init__()
+            self.owner, self.layer = owner, layer
+            self.is_initialized = True
+
+        def lazy_initialization(self, key_states, value_states) -> None:
+            pass
+
+        def update(self, key_states, value_states, *args, **kwargs):
+            o = self.owner
+            keys, values = o.keys[self.layer], o.values[self.layer]  # (B, H, width, D) views
+            if key_states.shape[2] == 1:
+                keys[o.rows, :, o.cols[:, 0]] = key_states[:, :, 0]
+                values[o.rows, :, o.cols[:, 0]] = value_states[:, :, 0]
+            else:
+                keys[o.rows[:, None], :, o.cols] = key_states.transpose(1, 2)
+                values[o.rows[:, None], :, o.cols] = value_states.transpose(1, 2)
+            return keys[:, :, :o.span], values[:, :, :o.span]
+
+        def get_mask_sizes(self, query_length: int) -> tuple[int, int]:
+            return self.owner.span, 0
+
+        def get_seq_length(self) -> int:
+            return self.owner.span
+
+        def get_max_length(self) -> int:
+            return self.owner.keys.shape[3]
+
+    class SlotCache(Cache):
+        """The batch's rows of the slot buffer: each forward writes its keys and values at `cols` (B, q) and
+        attends to columns 0..span-1 (the 4D mask says which of them each query sees)."""
+
+        def __init__(self, keys, values):
+            self.keys, self.values = keys, values  # (layers, B, H, width, D) views
+            self.rows = torch.arange(keys.shape[1], device=keys.device)
+            self.cols = None
+            self.span = 0
+            super().__init__(layers=[SlotLayer(self, i) for i in range(keys.shape[0])])
+
+    return SlotCache
+
+
 class HFPolicy(Policy):
-    """A local transformers checkpoint sampling batched replies."""
+    """A local transformers checkpoint sampling batched replies, with per-episode prefix caching."""
 
     exact_tokens = True
 
     def __init__(self, path: str | Path, *, policy_id: str | None = None, device: str = "cpu",
-                 max_batch: int = 64, model=None, tokenizer=None):
+                 max_batch: int = 64, model=None, tokenizer=None, prefix_cache: bool = True,
+                 max_cache_bytes: int = DEFAULT_CACHE_BYTES):
         self.model_path = str(Path(path).absolute())
         if model is None:
             model, tokenizer = load_model(path, device)
@@ -58,19 +329,68 @@ class HFPolicy(Policy):
         self.policy_id = policy_id or f"hf:{self.model_path}"
         self.stop = stop_ids(tokenizer, model)
         self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else self.stop[0]
+        #: why the cached decoder is not used (None: it is)
+        self.cache_off: str | None = None if prefix_cache else "prefix_cache=False"
+        if self.cache_off is None:
+            self.cache_off = cache_unsupported(model)
+        self.max_cache_bytes = max_cache_bytes
+        self._store: _KVStore | None = None
+        self._cache_cls = None
+        self._rng: torch.Generator | None = None
+        self._global_seed: int | None = None  # model.generate (the uncached path) samples from torch's RNG
         self._seeded = False
+        self._anon = itertools.count()
 
+    # ---- the sampler's seed ---------------------------------------------------------------------
+    def reset_rng(self, seed: int) -> None:
+        """Seed the sampler (the rollout calls this at the start of a run; otherwise the first `generate`
+        seeds it from `params.seed`)."""
+        self._rng = torch.Generator(device=self.device)
+        self._rng.manual_seed(seed)
+        self._global_seed = seed
+        self._seeded = True
+
+    # ---- episodes -------------------------------------------------------------------------------
+    def end_episode(self, key: str) -> None:
+        if self._store is not None:
+            self._store.drop(key)
+
+    def cached_ids(self, key: str) -> list[int] | None:
+        """The ids whose keys and values are cached for `key` (None: nothing cached)."""
+        if self._store is None or key not in self._store.where:
+            return None
+        return list(self._store.slots[self._store.where[key]].ids)
+
+    @property
+    def cache_bytes(self) -> int:
+        """Bytes held by the KV buffer."""
+        return 0 if self._store is None else self._store.nbytes
+
+    def clear_cache(self) -> None:
+        """Drop every cached episode and the buffer (the cache assumes fixed weights: clear it after changing
+        them)."""
+        if self._store is not None:
+            self._store.clear()
+
+    # ---- generation -----------------------------------------------------------------------------
     @torch.inference_mode()
     def generate(self, requests: list[Request], params: SamplingParams) -> list[Generation]:
         if not self._seeded:
-            torch.manual_seed(params.seed)
-            self._seeded = True
+            self.reset_rng(params.seed)
         out: list[Generation] = []
         for start in range(0, len(requests), self.max_batch):
-            out.extend(self._generate_batch([r.prompt_ids for r in requests[start:start + self.max_batch]], params))
+            chunk = requests[start:start + self.max_batch]
+            if self.cache_off is None and self._kv_store() is not None:
+                out.extend(self._generate_cached(chunk, params))
+            else:
+                out.extend(self._generate_batch([r.prompt_ids for r in chunk], params))
         return out
 
     def _generate_batch(self, prompts: list[list[int]], params: SamplingParams) -> list[Generation]:
+        """The uncached path: `model.generate` on the left-padded full contexts."""
+        if self._global_seed is not None:
+            torch.manual_seed(self._global_seed)
+            self._global_seed = None
         width = max(len(p) for p in prompts)
         ids = torch.full((len(prompts), width), self.pad_id, dtype=torch.long)
         mask = torch.zeros((len(prompts), width), dtype=torch.long)
@@ -90,15 +410,194 @@ class HFPolicy(Policy):
         if sample:
             logits = logits / params.temperature
         logprobs = torch.log_softmax(logits, dim=-1).gather(-1, new[:, : logits.shape[1], None]).squeeze(-1)
+        return self._generations(new, logprobs)
+
+    def _generations(self, new: torch.Tensor, logprobs: torch.Tensor) -> list[Generation]:
         gens = []
         stop = set(self.stop)
-        for row in range(len(prompts)):
-            tokens = new[row].tolist()
+        for tokens, lps in zip(new.tolist(), logprobs.tolist(), strict=True):
             end = next((i + 1 for i, t in enumerate(tokens) if t in stop), None)
             finish = "stop" if end is not None else "length"
             end = end or len(tokens)
-            gens.append(Generation(tokens[:end], logprobs[row, :end].tolist(), finish_reason=finish))
+            gens.append(Generation(tokens[:end], lps[:end], finish_reason=finish))
         return gens
 
+    # ---- the prefix-cached decoder ---------------------------------------------------------------------
+    def _kv_store(self) -> _KVStore | None:
+        """The slot buffer, shaped after what the model's attention layers store (found with one token);
+        None (and `cache_off` says why) when the layers do not all store the same shapes."""
+        if self._store is None:
+            from transformers import DynamicCache
+
+            probe = DynamicCache(config=self.model.config)
+            self.model(input_ids=torch.tensor([[self.pad_id]], device=self.device), past_key_values=probe,
+                       use_cache=True)
+            shapes = {(tuple(lay.keys.shape), tuple(lay.values.shape), lay.keys.dtype) for lay in probe.layers}
+            (kshape, vshape, dtype), = shapes if len(shapes) == 1 else ((None, None, None),)
+            if kshape is None or kshape != vshape or len(kshape) != 4 or kshape[2] != 1:
+                self.cache_off = f"KV cache layers of unexpected shapes {sorted(map(str, shapes))}"
+                return None
+            self._store = _KVStore(len(probe.layers), kshape[1], kshape[3], dtype, self.device,
+                                   self.max_cache_bytes)
+            self._cache_cls = _make_cache_classes()
+        return self._store
+
+    def _mask(self, cols: torch.Tensor, span: int) -> torch.Tensor:
+        """(B, 1, q, span): key column k is seen by the query at column c iff k <= c."""
+        allowed = torch.arange(span, device=self.device)[None, None, None, :] <= cols[:, None, :, None]
+        if self.model.config._attn_implementation == "sdpa":
+            return allowed
+        zero = torch.zeros((), dtype=self._store.dtype, device=self.device)
+        return torch.where(allowed, zero, torch.finfo(self._store.dtype).min)
+
+    def _forward(self, cache, ids: torch.Tensor, cols: torch.Tensor, span: int) -> torch.Tensor:
+        """Feed `ids` (B, q) at columns (= positions) `cols`, attending to columns 0..span-1 (span: the
+        largest column + 1); the last input's logits (B, V)."""
+        cache.cols, cache.span = cols, span
+        out = self.model(input_ids=ids, attention_mask=self._mask(cols, span), position_ids=cols,
+                         past_key_values=cache, use_cache=True, logits_to_keep=1)
+        return out.logits[:, -1, :]
+
+    def _generate_cached(self, requests: list[Request], params: SamplingParams) -> list[Generation]:
+        store = self._store
+        # one slot per row: a key asked twice in the batch gets a throwaway slot the second time
+        keys, seen = [], set()
+        for r in requests:
+            key = r.key if r.key not in seen else ("anon", next(self._anon))
+            seen.add(key)
+            keys.append(key)
+        prompts = [list(r.prompt_ids) for r in requests]
+        if any(not p for p in prompts):
+            raise TrajlakeError("a request has no prompt ids")
+        # columns of each row's slot kept: the longest common prefix of what it caches and its prompt, but
+        # at least one prompt token is always fed (its logits start the reply)
+        have = []
+        for key, p in zip(keys, prompts, strict=True):
+            s = store.where.get(key)
+            n = common_prefix(store.slots[s].ids, p) if s is not None else store.claim(key, p)
+            have.append(min(n, len(p) - 1))
+            if key in store.where:
+                store.slots[store.where[key]].ids[have[-1]:] = []
+        reuse, shared = self._shared_prefixes(prompts, have)
+        new = [len(p) - r for p, r in zip(prompts, reuse, strict=True)]
+        b, width, steps = len(requests), max(new), params.max_new_tokens
+        lo = store.place(keys, max(r + max(width, n + steps - 1) for r, n in zip(reuse, new, strict=True)))
+        rows = [store.where[key] - lo for key in keys]  # request i is row rows[i] of the batch
+        for leader, members, length in shared:  # a prefix common to several rows is read once
+            src = lo + rows[leader]
+            if have[leader] < length:
+                self._prefill_one(src, prompts[leader], have[leader], length)
+            for i in members:
+                store.copy(src, lo + rows[i], have[i], length)
+                store.slots[lo + rows[i]].ids = prompts[i][:length]
+        cache = self._cache_cls(store.keys[:, lo:lo + b], store.values[:, lo:lo + b])
+
+        # prefill: the new tokens, left-padded; token j of a row goes to column reuse + j, the pads after
+        # the row's last token (decoding overwrites them), so every row's last prompt token is the last input
+        ids = torch.full((b, width), self.pad_id, dtype=torch.long)
+        cols = torch.empty((b, width), dtype=torch.long)
+        ar = torch.arange(width)
+        for row, p, r, n in zip(rows, prompts, reuse, new, strict=True):
+            ids[row, width - n:] = torch.tensor(p[r:], dtype=torch.long)
+            cols[row] = r + (ar - (width - n)) % width
+        ids, cols = ids.to(self.device), cols.to(self.device)
+        logits = self._forward(cache, ids, cols, max(r + width for r in reuse))
+        span = max(len(p) for p in prompts)  # the last fed column + 1
+
+        # decode
+        pos = cols[:, -1]  # each row's last fed column
+        stop = torch.tensor(self.stop, dtype=torch.long, device=self.device)
+        tokens = torch.empty((b, steps), dtype=torch.long, device=self.device)
+        logprobs = torch.empty((b, steps), dtype=torch.float32, device=self.device)
+        done = torch.zeros(b, dtype=torch.bool, device=self.device)
+        taken = steps
+        for step in range(steps):
+            nxt, lp = self._sample(logits.float(), params)
+            tokens[:, step], logprobs[:, step] = nxt, lp
+            done |= torch.isin(nxt, stop)
+            if step == steps - 1 or bool(done.all()):
+                taken = step + 1
+                break
+            pos, span = pos + 1, span + 1
+            logits = self._forward(cache, nxt[:, None], pos[:, None], span)
+
+        by_row = self._generations(tokens[:, :taken].cpu(), logprobs[:, :taken].cpu())
+        gens = [by_row[row] for row in rows]
+        for key, row, p, g in zip(keys, rows, prompts, gens, strict=True):
+            # the slot now covers the prompt and the reply but its last token (never fed)
+            store.slots[lo + row].ids = p + g.token_ids[:-1]
+            if isinstance(key, tuple):
+                store.drop(key)
+        return gens
+
+    #: rows share a prefix when that saves reading at least this many tokens
+    min_shared = 16
+
+    def _shared_prefixes(self, prompts: list[list[int]], have: list[int]):
+        """Rows whose prompts start the same way beyond what some of them cache (a system prompt shared by
+        new episodes, a task's first prompt shared by its samples): the common prefix is read once, by the
+        row caching most of it, and copied to the others. Returns each row's cached length once that is
+        done and the groups as (leader, rows to copy to, prefix length)."""
+
+        def saved(group: list[int], n: int) -> int:
+            return sum(max(0, n - have[i]) for i in group) - max(0, n - max(have[i] for i in group))
+
+        reuse = list(have)
+        order = sorted(range(len(prompts)), key=lambda i: prompts[i])
+        shared = []
+        start = 0
+        while start < len(order):  # sorted: a run's common prefix is the least of its neighbours' ones
+            end, length, best = start + 1, 0, 0
+            while end < len(order):
+                n = common_prefix(prompts[order[end - 1]], prompts[order[end]])
+                n = min(n if end == start + 1 else min(length, n), len(prompts[order[end]]) - 1,
+                        min(len(prompts[i]) - 1 for i in order[start:end]))
+                gain = saved(order[start:end + 1], n)
+                if gain < max(best, self.min_shared):
+                    break
+                length, best, end = n, gain, end + 1
+            group = order[start:end]
+            if len(group) > 1:
+                leader = max(group, key=lambda i: have[i])
+                shared.append((leader, [i for i in group if have[i] < length and i != leader], length))
+                for i in group:
+                    reuse[i] = max(have[i], length)
+            start = end
+        return reuse, shared
+
+    def _prefill_one(self, slot: int, prompt: list[int], start: int, stop: int) -> None:
+        """Feed prompt[start:stop] to one slot (its columns start..stop-1)."""
+        store = self._store
+        cache = self._cache_cls(store.keys[:, slot:slot + 1], store.values[:, slot:slot + 1])
+        ids = torch.tensor([prompt[start:stop]], dtype=torch.long, device=self.device)
+        self._forward(cache, ids, torch.arange(start, stop, device=self.device)[None], stop)
+        store.slots[slot].ids = prompt[:stop]
+
+    def _sample(self, logits: torch.Tensor, params: SamplingParams) -> tuple[torch.Tensor, torch.Tensor]:
+        """Next ids (B,) and their logprobs under the distribution sampled from (before top-p)."""
+        if params.greedy:
+            nxt = logits.argmax(dim=-1)
+            return nxt, torch.log_softmax(logits, dim=-1).gather(-1, nxt[:, None])[:, 0]
+        logp = torch.log_softmax(logits / params.temperature, dim=-1)
+        weights = logp.exp()
+        if params.top_p < 1.0:  # as transformers' TopPLogitsWarper: drop the least likely ids holding at most
+            # 1 - top_p of the mass (always keeping the most likely): keep the ids at least as likely as the
+            # least likely one kept (ties at that threshold are all kept)
+            if weights.device.type == "cpu":  # numpy sorts values far faster than torch on CPU
+                ascending = torch.from_numpy(np.sort(weights.numpy(), axis=-1))
+            else:
+                ascending = torch.sort(weights, dim=-1).values
+            cut = (ascending.cumsum(dim=-1) <= 1 - params.top_p).sum(dim=-1, keepdim=True)
+            least = ascending.gather(-1, cut.clamp(max=weights.shape[-1] - 1))
+            weights = weights.masked_fill(weights < least, 0.0)
+        # inverse-CDF sampling: one uniform draw per row (torch.multinomial draws one per vocabulary entry)
+        cdf = weights.double().cumsum(dim=-1)
+        total = cdf[:, -1:]
+        u = torch.rand(total.shape, generator=self._rng, dtype=torch.float64, device=total.device) * total
+        u = torch.minimum(u, total * (1 - 1e-12))  # strictly below the total: never past the last allowed id
+        nxt = torch.searchsorted(cdf, u, right=True)[:, 0]
+        return nxt, logp.gather(-1, nxt[:, None])[:, 0]
+
     def close(self) -> None:
+        self.clear_cache()
         self.model = None
