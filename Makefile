@@ -13,7 +13,7 @@ export DS_ACCELERATOR ?= cpu
 
 SMOLLM2 ?= models/smollm2
 
-.PHONY: setup setup-smollm2 test test-slow test-all demo collect rewards envs sql snapshots maintain lint clean
+.PHONY: setup setup-smollm2 test test-slow test-all demo collect rewards train envs sql snapshots maintain lint clean
 
 setup: $(STAMP)
 
@@ -57,6 +57,11 @@ $(SMOLLM2)/model.safetensors: | setup-smollm2
 SPEC ?=
 rewards: setup
 	$(TRAJLAKE) --lake $(LAKE) rewards $(if $(SPEC),--spec $(SPEC),)
+
+# A small default: SFT warm start on scripted-expert doors episodes, then GRPO iterations on the tiny model.
+TRAIN_CONFIG ?= train/configs/grpo-doors.toml
+train: setup $(MODEL)/model.safetensors
+	$(TRAJLAKE) --lake $(LAKE) train --config $(TRAIN_CONFIG)
 
 envs: setup
 	$(TRAJLAKE) envs

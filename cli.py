@@ -219,6 +219,21 @@ def rewards_diff(
     display.emit(changes, display.Format.table, None)
 
 
+@app.command()
+def train(
+    config: Path = typer.Option(..., "--config", help="Train config TOML (see train/configs/)."),
+    algo: Optional[str] = typer.Option(None, "--algo", help="Override the config's algo: grpo, ppo or sft."),
+    run_id: Optional[str] = typer.Option(None, "--run-id", help="Override the run id (the same id resumes)."),
+) -> None:
+    """Train from the store: SFT warm start, or GRPO/PPO iterations that collect, score and update."""
+    from trajlake.train.config import load_config
+    from trajlake.train.loop import run
+
+    cfg = load_config(config, algo=algo, run_id=run_id)
+    result = run(cfg, State.lake_uri)
+    display.console.print(f"run {result.run_id}: step {result.step}, policy {result.policy_id}")
+
+
 @import_app.command("agentgym")
 def import_agentgym(
     paths: list[Path] = typer.Argument(..., help="Parquet, JSON or JSONL files in OpenManus-RL/AgentGym format."),

@@ -1,0 +1,93 @@
+"""TrainConfig: defaults, cross-field checks with errors saying what to fix, TOML loading, example configs."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from trajlake.train.config import ConfigError, TrainConfig, load_config
+
+CONFIGS = Path(__file__).resolve().parents[1] / "train" / "configs"
+
+
+def test_defaults_are_valid():
+    c = TrainConfig(model="m")
+    assert c.algo == "grpo" and c.advantage_name == "grpo"
+    assert TrainConfig(model="m", algo="ppo").advantage_name == "gae"
+    assert c.accum_steps(1) == c.minibatch_size // c.micro_batch
+    assert c.accum_steps(2) == c.minibatch_size // (2 * c.micro_batch)
+
+
+@pytest.mark.parametrize("kw, words", [
+    (dict(algo="dpo"), ["algo", "grpo"]),
+    (dict(minibatch_size=10, micro_batch=4), ["minibatch_size", "multiple of micro_batch"]),
+    (dict(micro_batch=8, minibatch_size=4), ["minibatch_size", ">= micro_batch"]),
+    (dict(algo="ppo", advantage="grpo"), ["critic", "gae"]),
+    (dict(advantage="gae"), ["needs a critic", "ppo"]),
+    (dict(samples=1), ["samples must be >= 2"]),
+    (dict(kl_controller="adaptive", kl_coef=0.1), ["kl_target", "kl_horizon"]),
+    (dict(policy_loss="nope"), ["policy_loss", "ppo_clip", "gspo"]),
+    (dict(agg_mode="mean"), ["agg_mode", "token-mean"]),
+    (dict(kl_estimator="k9"), ["k3"]),
+    (dict(zero_stage=4), ["zero_stage"]),
+    (dict(dtype="fp16"), ["bf16"]),
+    (dict(old_logprobs="replay"), ["recompute", "behaviour"]),
+    (dict(is_cap=2.0, old_logprobs="behaviour"), ["is_cap", "recompute"]),
+    (dict(grad_accum=3, minibatch_size=16, micro_batch=4), ["grad_accum"]),
+    (dict(temperature=0.0), ["temperature"]),
+])
+def test_cross_field_errors_say_what_to_fix(kw, words):
+    with pytest.raises(ConfigError) as e:
+        TrainConfig(model="m", **kw)
+    for w in words:
+        assert w in str(e.value)
+
+
+def test_grad_accum_must_match_processes():
+    c = TrainConfig(model="m", minibatch_size=16, micro_batch=4, grad_accum=4)
+    assert c.accum_steps(1) == 4
+    with pytest.raises(ConfigError, match="processes"):
+        c.accum_steps(2)
+
+
+def test_toml_unknown_keys_named(tmp_path):
+    p = tmp_path / "c.toml"
+    p.write_text('model = "m"\nlearning_rate = 0.1\nepochz = 2\n')
+    with pytest.raises(ConfigError) as e:
+        load_config(p)
+    assert "epochz" in str(e.value) and "learning_rate" in str(e.value) and str(p) in str(e.value)
+
+
+def test_toml_roundtrip_and_overrides(tmp_path):
+    p = tmp_path / "c.toml"
+    p.write_text('model = "m"\nalgo = "ppo"\nlr = 0.001\nkl_coef = 0.1\nkl_mode = "reward"\n')
+    c = load_config(p, algo="sft", run_id=None)
+    assert c.algo == "sft" and c.lr == 0.001 and c.run_id is None
+    with pytest.raises(ConfigError, match="model"):
+        p.write_text("lr = 0.1\n")
+        load_config(p)
+    with pytest.raises(ConfigError, match="invalid TOML"):
+        p.write_text("lr = = 1\n")
+        load_config(p)
+
+
+def test_every_field_is_documented():
+    import ast
+    import inspect
+
+    import trajlake.train.config as mod
+
+    tree = ast.parse(inspect.getsource(mod))
+    cls = next(n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == "TrainConfig")
+    body = cls.body
+    for i, node in enumerate(body):
+        if isinstance(node, ast.AnnAssign):
+            nxt = body[i + 1]
+            assert isinstance(nxt, ast.Expr) and isinstance(nxt.value, ast.Constant), node.target.id
+
+
+@pytest.mark.parametrize("name", sorted(p.name for p in CONFIGS.glob("*.toml")))
+def test_example_configs_load(name):
+    c = load_config(CONFIGS / name)
+    assert c.algo in ("grpo", "ppo", "sft")

@@ -1,0 +1,109 @@
+"""Several processes: ZeRO-2 on two processes takes the same step as one process on the same batch, and the
+whole loop runs under DeepSpeed's launcher with the lake on rank 0 only (slow: each process starts torch,
+DeepSpeed and a process group)."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from tests.test_train_helpers import tiny_model_dir, varied_spec
+
+ROOT = Path(__file__).resolve().parents[1]
+DIST_VARS = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_SIZE", "MASTER_ADDR", "MASTER_PORT")
+pytestmark = pytest.mark.slow
+
+STEP = """
+import json, os, sys
+import torch
+from tests.test_train_helpers import flat_params, small_cfg, synthetic
+from trajlake.train import engine as E
+from trajlake.train.algos import make_kl_controller
+from trajlake.train.batch import collate
+from trajlake.train.steps import prepare, rl_update
+
+model, out, stage = os.environ["T_MODEL"], os.environ["T_OUT"], int(os.environ["T_STAGE"])
+cfg = small_cfg(model, zero_stage=stage, minibatch_size=8, micro_batch=2, lr=1e-3, epochs=2, entropy_coef=0.01)
+eng = E.build_engines(cfg, model)
+kl = make_kl_controller("fixed", 0.0)
+batch = collate(synthetic(16, group_size=4, scores=[0, 1, 0, 1, 1, 0, 0, 1, 1, 1, 0, 0, 0, 1, 1, 0]), eng.pad_id)
+prep, _ = prepare(eng, batch, cfg, kl)
+m = rl_update(eng, prep, cfg, kl, seed=0)
+if stage == 3:
+    sd = eng.actor._zero3_consolidated_16bit_state_dict()
+    params = torch.cat([v.float().reshape(-1) for k, v in sorted(sd.items())]) if E.is_main() else None
+else:
+    params = torch.cat([v.float().reshape(-1) for k, v in sorted(eng.actor.module.state_dict().items())])
+if E.is_main():
+    torch.save({"metrics": m, "world": eng.world, "params": params, "old": prep.old_logprobs}, out)
+"""
+
+
+def _env(**extra):
+    env = {k: v for k, v in os.environ.items() if k not in DIST_VARS}
+    env["PYTHONPATH"] = str(ROOT) + os.pathsep + env.get("PYTHONPATH", "")
+    env["DS_ACCELERATOR"] = "cpu" if not torch.cuda.is_available() else env.get("DS_ACCELERATOR", "cuda")
+    env.update(extra)
+    return env
+
+
+def _launch(nproc: int, script: Path, env: dict) -> None:
+    if nproc == 1:
+        cmd = [sys.executable, str(script)]
+    else:  # torchrun sets RANK/WORLD_SIZE/MASTER_* per process; works with DS_ACCELERATOR=cpu
+        cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}",
+               str(script)]
+    p = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=900)
+    assert p.returncode == 0, p.stdout[-2000:] + p.stderr[-4000:]
+
+
+@pytest.mark.parametrize("stage", [2, 3])
+def test_zero_two_processes_match_one(stage, tmp_path_factory, tmp_path):
+    model = tiny_model_dir(tmp_path_factory)
+    script = tmp_path / "step.py"
+    script.write_text(STEP)
+    got = {}
+    for n in (1, 2):
+        out = tmp_path / f"out{n}.pt"
+        _launch(n, script, _env(T_MODEL=str(model), T_OUT=str(out), T_STAGE=str(stage)))
+        got[n] = torch.load(out)
+    one, two = got[1], got[2]
+    assert one["world"] == 1 and two["world"] == 2
+    for k in ("loss", "pg_loss", "grad_norm", "entropy", "pg_clipfrac", "ppo_kl"):
+        assert two["metrics"][k] == pytest.approx(one["metrics"][k], rel=1e-4, abs=1e-6), k
+    assert torch.allclose(one["old"], two["old"], atol=1e-5)  # old log-probs, computed in shares, gathered
+    assert torch.allclose(one["params"], two["params"], atol=1e-4)  # Adam amplifies rounding of tiny grads
+
+
+def test_the_loop_under_the_deepspeed_launcher(tmp_path_factory, tmp_path):
+    launcher = shutil.which("deepspeed", path=str(Path(sys.executable).parent)) or shutil.which("deepspeed")
+    if launcher is None:
+        pytest.skip("the deepspeed launcher is not installed")
+    model = tiny_model_dir(tmp_path_factory)
+    cfg = tmp_path / "cfg.toml"
+    cfg.write_text("\n".join([
+        'algo = "grpo"', f'model = "{model}"', 'run_id = "two"', "difficulty = 1", "tasks = 2", "samples = 2",
+        "iterations = 2", "max_turns = 1", 'template = "action"', "max_new_tokens = 8", "zero_stage = 2",
+        "minibatch_size = 4", "micro_batch = 2", f'checkpoint_dir = "{tmp_path / "ckpt"}"', "eval_every = 2",
+        "eval_tasks = 2", "progress = false", f'reward_spec = "{varied_spec(tmp_path)}"']))
+    lake = tmp_path / "lake"
+    p = subprocess.run([launcher, "--num_gpus", "2", "--module", "trajlake.train", "--config", str(cfg),
+                        "--lake", str(lake)], cwd=tmp_path, env=_env(), capture_output=True, text=True,
+                       timeout=900)
+    assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
+    assert p.stdout.count("run two: step 2, policy two/step-2") == 1  # printed by rank 0 only
+    import trajlake.rewards  # noqa: F401
+    from trajlake.store import Lake
+
+    with Lake.open(str(lake)) as lk:
+        steps = lk.query("SELECT step, policy_id, metrics FROM train_steps WHERE run_id = 'two' ORDER BY step")
+        assert steps["step"].to_list() == [0, 1, 2] and steps["policy_id"][2] == "two/step-2"
+        assert "eval_success" in json.loads(steps["metrics"][2])
+        assert lk.query("SELECT count(*) FROM episodes WHERE run_id LIKE 'two/it-%'")[0, 0] == 8

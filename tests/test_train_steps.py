@@ -1,0 +1,160 @@
+"""One update per algorithm on the tiny model, one process: parameters move when they should and only then;
+masked tokens get no gradient; gradient accumulation does not change the step."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from tests.test_train_helpers import flat_params, small_cfg, synthetic, tiny_model_dir
+from trajlake.store import TrajlakeError
+from trajlake.train import engine as E
+from trajlake.train.algos import make_kl_controller
+from trajlake.train.batch import collate
+from trajlake.train.steps import actor_loss_terms, prepare, rl_update, sft_update
+
+
+@pytest.fixture(scope="module")
+def model(tmp_path_factory):
+    return tiny_model_dir(tmp_path_factory)
+
+
+def _engines(cfg, model, **kw):
+    return E.build_engines(cfg, str(model), **kw)
+
+
+def _run(cfg, engines, seqs, seed=0):
+    kl = make_kl_controller(cfg.kl_controller, cfg.kl_coef, cfg.kl_target, cfg.kl_horizon)
+    batch = collate(seqs, engines.pad_id)
+    prep, m1 = prepare(engines, batch, cfg, kl)
+    return prep, {**m1, **rl_update(engines, prep, cfg, kl, seed=seed)}
+
+
+def test_grpo_step_changes_parameters(model):
+    cfg = small_cfg(model)
+    eng = _engines(cfg, model)
+    before = flat_params(eng.actor.module)
+    prep, m = _run(cfg, eng, synthetic(8, group_size=4, scores=[0, 1, 0, 1, 1, 0, 0, 0]))
+    assert not torch.equal(before, flat_params(eng.actor.module))
+    for k in ("pg_loss", "pg_clipfrac", "entropy", "grad_norm", "loss", "train_tokens_per_s", "ppo_kl"):
+        assert k in m, k
+    assert m["grad_norm"] > 0
+    assert prep.advantages[prep.batch.loss_mask == 0].abs().sum() == 0
+
+
+def test_grpo_identical_rewards_in_a_group_give_no_update(model):
+    # kl and entropy terms off; every sequence kept in the update: zero advantage, zero gradient
+    cfg = small_cfg(model, epochs=2, drop_zero_advantage=False)
+    eng = _engines(cfg, model)
+    before = flat_params(eng.actor.module)
+    prep, m = _run(cfg, eng, synthetic(8, group_size=4, scores=[1, 1, 1, 1, 0, 0, 0, 0]))
+    assert prep.advantages.abs().sum() == 0
+    assert m["grad_norm"] == 0.0 and m["pg_loss"] == 0.0
+    assert torch.equal(before, flat_params(eng.actor.module))
+    # by default such groups are left out of the update (no optimizer step on them at all)
+    cfg = small_cfg(model)
+    eng = _engines(cfg, model)
+    _, m = _run(cfg, eng, synthetic(8, group_size=4, scores=[1, 1, 1, 1, 0, 0, 0, 0]))
+    assert m["actor_sequences"] == 0 and "grad_norm" not in m
+    assert torch.equal(before, flat_params(eng.actor.module))
+    _, m = _run(cfg, eng, synthetic(8, group_size=4, scores=[1, 1, 1, 1, 0, 1, 0, 0]))
+    assert m["actor_sequences"] == 4 and m["grad_norm"] > 0
+
+
+def test_masked_tokens_get_no_gradient(model):
+    cfg = small_cfg(model, entropy_coef=0.1, kl_coef=0.5, kl_estimator="k3")
+    seqs = synthetic(4, group_size=2)
+    b = collate(seqs, 0)
+    B, T = b.input_ids.shape
+    logits = torch.randn(B, T, 600, requires_grad=True)
+
+    class Fake:  # a "model" whose logits are a leaf tensor, so their gradient can be read
+        def __call__(self, **_):
+            return type("Out", (), {"logits": logits})()
+
+    lp, ent = E.forward_logprobs(Fake(), b.input_ids, b.attention_mask, temperature=0.7, entropy=True)
+    mask = b.loss_mask
+    garbage = torch.where(mask > 0, torch.zeros(B, T), torch.full((B, T), float("nan")))
+    loss, _ = actor_loss_terms(lp, ent, mask, cfg, make_kl_controller("fixed", 0.5), None,
+                               old_logprobs=lp.detach() - 0.1 + garbage, advantages=torch.randn(B, T) + garbage,
+                               ref_logprobs=lp.detach() + 0.3 + garbage)
+    assert torch.isfinite(loss)
+    loss.backward()
+    g = logits.grad.abs().sum(-1)  # logits at t - 1 score the token at t
+    scored = torch.zeros(B, T, dtype=torch.bool)
+    scored[:, :-1] = mask[:, 1:] > 0
+    assert g[~scored].sum() == 0
+    assert (g[scored] > 0).all()
+
+
+def test_sft_step_learns_response_tokens_only(model):
+    cfg = small_cfg(model, algo="sft", lr=3e-3)
+    eng = _engines(cfg, model)
+    seqs = synthetic(8)
+    batch = collate(seqs, eng.pad_id)
+    before = flat_params(eng.actor.module)
+    nll = [sft_update(eng, batch, list(range(8)), cfg)["nll"] for _ in range(4)]
+    assert not torch.equal(before, flat_params(eng.actor.module))
+    assert nll[-1] < nll[0]
+    # only response tokens are targets: a batch without any gives no gradient at all
+    for s in seqs:
+        s.mask = [0] * len(s.mask)
+    m = sft_update(eng, collate(seqs, eng.pad_id), list(range(8)), cfg)
+    assert m["grad_norm"] == 0.0 and m["loss"] == 0.0
+
+
+def test_ppo_step_trains_actor_and_critic(model):
+    cfg = small_cfg(model, algo="ppo", critic_lr=1e-2, samples=1)
+    eng = _engines(cfg, model, critic=True)
+    actor0, critic0 = flat_params(eng.actor.module), flat_params(eng.critic.module)
+    prep, m = _run(cfg, eng, synthetic(8, group_size=1))
+    assert prep.values is not None and prep.values.abs().sum() == 0  # zero-initialised value head
+    assert not torch.equal(actor0, flat_params(eng.actor.module))
+    assert not torch.equal(critic0, flat_params(eng.critic.module))
+    assert m["critic_vf_loss"] > 0 and m["critic_grad_norm"] > 0
+    _, m2 = _run(cfg, eng, synthetic(8, group_size=1), seed=1)
+    assert "critic_vf_loss" in m2
+
+
+def test_behaviour_logprobs_as_old(model):
+    cfg = small_cfg(model, old_logprobs="behaviour")
+    eng = _engines(cfg, model)
+    seqs = synthetic(8, group_size=4, scores=[0, 1, 0, 1, 1, 0, 0, 1])
+    prep, m = _run(cfg, eng, seqs)
+    beh = torch.nan_to_num(prep.batch.behaviour_logprobs) * prep.batch.loss_mask
+    assert torch.allclose(prep.old_logprobs, beh)
+    assert m["pg_clipfrac"] > 0  # random behaviour logprobs: ratios far from 1
+    seqs[0].behaviour = [float("nan")] * len(seqs[0].ids)  # a text policy's episode
+    with pytest.raises(TrajlakeError, match="recompute"):
+        _run(cfg, eng, seqs)
+    capped = small_cfg(model, is_cap=2.0)
+    _, m = _run(capped, _engines(capped, model), synthetic(8, group_size=4))
+    assert 0 < m["is_weight_mean"] <= 2.0
+
+
+def test_kl_loss_and_reward_penalty(model):
+    cfg = small_cfg(model, kl_coef=0.1, kl_estimator="k3", epochs=2)
+    eng = _engines(cfg, model, ref=True)
+    _, m = _run(cfg, eng, synthetic(8, group_size=4, scores=[0, 1, 0, 1, 1, 0, 0, 1]))
+    assert m["kl"] > 0 and m["kl_coef"] == pytest.approx(0.1)  # the second epoch moved away from the ref
+    cfg = small_cfg(model, kl_coef=0.1, kl_mode="reward", kl_estimator="k1", kl_controller="adaptive",
+                    kl_target=1e-6, kl_horizon=10)
+    eng.actor.module.requires_grad_(True)
+    kl = make_kl_controller("adaptive", 0.1, 1e-6, 10)
+    batch = collate(synthetic(8, group_size=4), eng.pad_id)
+    prep, m = prepare(eng, batch, cfg, kl)
+    assert m["kl"] != 0 and kl.value != 0.1  # the controller moved
+    assert not torch.equal(prep.token_rewards, batch.token_rewards)
+
+
+def test_gradient_accumulation_gives_the_same_step(model):
+    seqs = synthetic(8, group_size=4, scores=[0, 1, 0, 1, 1, 0, 0, 1])
+    results = []
+    for micro in (8, 2):
+        cfg = small_cfg(model, minibatch_size=8, micro_batch=micro, lr=1e-3)
+        eng = _engines(cfg, model)
+        _, m = _run(cfg, eng, seqs)
+        results.append((m["loss"], m["grad_norm"], flat_params(eng.actor.module)))
+    (l1, g1, p1), (l2, g2, p2) = results
+    assert l1 == pytest.approx(l2, rel=1e-4, abs=1e-6) and g1 == pytest.approx(g2, rel=1e-4)
+    assert torch.allclose(p1, p2, atol=1e-5)  # Adam divides by |g|: tiny gradients amplify rounding

@@ -1,0 +1,195 @@
+"""Training batches read from the store: exact token sequences, loss masks, per-token rewards, groups.
+
+`load_episodes(lake, where, snapshot, spec_id)` reads, at a pinned snapshot, every episode matching a SQL
+filter over episodes columns and rebuilds its full token sequence from the stored ids (prompt + response
+ids per turn, in turn order; nothing is re-tokenized). The loss mask is 1 exactly on response ids. Rewards
+come from the `token_rewards` view of a spec (its positions index the full sequence), behaviour log-probs
+are placed at the positions of the tokens they were sampled for (NaN where the policy gave none).
+
+`collate(seqs)` right-pads sequences into (B, T) tensors; `micro_batches(lengths, rows, size)` groups rows
+by length so a micro-batch pads little.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+import torch
+
+from trajlake.store import Lake, TrajlakeError
+
+EPISODES_SQL = """
+WITH ep AS (SELECT * FROM episodes WHERE ({where}))
+SELECT ep.episode_id, ep.group_id, ep.task_id, ep.policy_id, coalesce(ep.success, false) AS success,
+       t.turn, t.prompt_token_ids, t.response_token_ids, t.response_logprobs
+FROM ep JOIN turns t USING (episode_id)
+ORDER BY ep.episode_id, t.turn
+"""
+
+REWARDS_SQL = """
+WITH ep AS (SELECT episode_id FROM episodes WHERE ({where}))
+SELECT episode_id, position, reward FROM token_rewards
+WHERE spec_id = ? AND episode_id IN (SELECT episode_id FROM ep)
+"""
+
+TOTALS_SQL = """
+WITH ep AS (SELECT episode_id FROM episodes WHERE ({where}))
+SELECT episode_id, total FROM episode_rewards WHERE spec_id = ? AND episode_id IN (SELECT episode_id FROM ep)
+"""
+
+
+@dataclass
+class EpisodeSeq:
+    """One episode as a training sequence (lists of length T, the episode's full token count)."""
+
+    episode_id: str
+    group_id: str
+    success: bool
+    ids: list[int]
+    mask: list[int]
+    behaviour: list[float]  # log-prob the sampler gave each response token; NaN on prompt tokens or unknown
+    rewards: list[float] = field(default_factory=list)  # per-token rewards (0 where none)
+    score: float = 0.0  # the episode's total reward under the spec
+
+    def __len__(self) -> int:
+        return len(self.ids)
+
+
+def load_episodes(lake: Lake, where: str, *, snapshot: int, spec_id: str | None = None) -> list[EpisodeSeq]:
+    """Episodes matching `where` (SQL over episodes columns) at `snapshot`, in episode_id order.
+
+    With `spec_id`, every episode must have been scored by that spec (its token rewards and total are
+    filled in); episodes without any response token are left out (nothing to train on).
+    """
+    import trajlake.rewards  # noqa: F401 (registers the token_rewards view)
+
+    rows = lake.query(EPISODES_SQL.format(where=where), snapshot=snapshot, output="arrow").to_pylist()
+    seqs: dict[str, EpisodeSeq] = {}
+    for r in rows:
+        s = seqs.get(r["episode_id"])
+        if s is None:
+            s = seqs[r["episode_id"]] = EpisodeSeq(r["episode_id"], r["group_id"] or r["episode_id"],
+                                                   bool(r["success"]), [], [], [])
+        p, a = list(r["prompt_token_ids"] or ()), list(r["response_token_ids"] or ())
+        lp = r["response_logprobs"]
+        if lp is not None and len(lp) != len(a):
+            raise TrajlakeError(f"episode {s.episode_id} turn {r['turn']}: {len(lp)} logprobs for {len(a)} tokens")
+        s.ids += p + a
+        s.mask += [0] * len(p) + [1] * len(a)
+        s.behaviour += [math.nan] * len(p) + ([math.nan if x is None else float(x) for x in lp] if lp is not None
+                                               else [math.nan] * len(a))
+    out = [s for s in seqs.values() if any(s.mask)]
+    if spec_id is not None and out:
+        _attach_rewards(lake, where, snapshot, spec_id, out)
+    return out
+
+
+def _attach_rewards(lake: Lake, where: str, snapshot: int, spec_id: str, seqs: list[EpisodeSeq]) -> None:
+    totals = lake.query(TOTALS_SQL.format(where=where), [spec_id], snapshot=snapshot, output="arrow").to_pylist()
+    total = {r["episode_id"]: r["total"] for r in totals}
+    missing = [s.episode_id for s in seqs if s.episode_id not in total]
+    if missing:
+        raise TrajlakeError(f"{len(missing)} episodes (e.g. {missing[0]}) are not scored by spec {spec_id} at "
+                            f"snapshot {snapshot}: score them first (trajlake rewards)")
+    by_id = {s.episode_id: s for s in seqs}
+    for s in seqs:
+        s.rewards = [0.0] * len(s.ids)
+        s.score = float(total[s.episode_id])
+    for r in lake.query(REWARDS_SQL.format(where=where), [spec_id], snapshot=snapshot, output="arrow").to_pylist():
+        s = by_id.get(r["episode_id"])
+        if s is None:
+            continue
+        pos = int(r["position"])
+        if not 0 <= pos < len(s.ids):
+            raise TrajlakeError(f"episode {s.episode_id}: token reward at position {pos} outside its "
+                                f"{len(s.ids)} tokens")
+        s.rewards[pos] += float(r["reward"])
+
+
+@dataclass
+class Batch:
+    """Right-padded tensors of B sequences, all (B, T) unless said otherwise.
+
+    input_ids (long), attention_mask (long, 1 on real tokens), loss_mask (float, 1 on response tokens),
+    token_rewards (float), behaviour_logprobs (float, NaN where unknown), scores (B,), success (B,),
+    group_ids (list of B str), episode_ids (list of B str).
+    """
+
+    input_ids: torch.Tensor
+    attention_mask: torch.Tensor
+    loss_mask: torch.Tensor
+    token_rewards: torch.Tensor
+    behaviour_logprobs: torch.Tensor
+    scores: torch.Tensor
+    success: torch.Tensor
+    group_ids: list[str]
+    episode_ids: list[str]
+
+    @property
+    def size(self) -> int:
+        return self.input_ids.shape[0]
+
+    @property
+    def lengths(self) -> list[int]:
+        return self.attention_mask.sum(-1).tolist()
+
+    def rows(self, idx: list[int], width: int | None = None) -> Batch:
+        """The sub-batch of rows `idx`, cut to `width` columns (default: their longest sequence)."""
+        t = torch.as_tensor(idx, dtype=torch.long)
+        w = width if width is not None else (int(self.attention_mask[t].sum(-1).max()) if idx else 0)
+
+        def cut(x):
+            return x[t, :w]
+
+        return Batch(cut(self.input_ids), cut(self.attention_mask), cut(self.loss_mask), cut(self.token_rewards),
+                     cut(self.behaviour_logprobs), self.scores[t], self.success[t],
+                     [self.group_ids[i] for i in idx], [self.episode_ids[i] for i in idx])
+
+
+def collate(seqs: list[EpisodeSeq], pad_id: int = 0) -> Batch:
+    """Right-pad `seqs` to their longest length: a Batch of (B, T) tensors."""
+    B, T = len(seqs), max((len(s) for s in seqs), default=0)
+    ids = torch.full((B, T), pad_id, dtype=torch.long)
+    attn = torch.zeros((B, T), dtype=torch.long)
+    mask = torch.zeros((B, T), dtype=torch.float32)
+    rew = torch.zeros((B, T), dtype=torch.float32)
+    beh = torch.full((B, T), math.nan, dtype=torch.float32)
+    for i, s in enumerate(seqs):
+        n = len(s)
+        ids[i, :n] = torch.tensor(s.ids, dtype=torch.long)
+        attn[i, :n] = 1
+        mask[i, :n] = torch.tensor(s.mask, dtype=torch.float32)
+        if s.rewards:
+            rew[i, :n] = torch.tensor(s.rewards, dtype=torch.float32)
+        beh[i, :n] = torch.tensor(s.behaviour, dtype=torch.float32)
+    return Batch(ids, attn, mask, rew, beh,
+                 torch.tensor([s.score for s in seqs], dtype=torch.float64),
+                 torch.tensor([s.success for s in seqs], dtype=torch.bool),
+                 [s.group_id for s in seqs], [s.episode_id for s in seqs])
+
+
+def micro_batches(lengths: list[int], rows: list[int], size: int, count: int | None = None) -> list[list[int]]:
+    """Split `rows` into micro-batches of at most `size` rows, grouped by length (longest first), so each
+    pads to a length close to its rows' own. With `count`, exactly `count` micro-batches (trailing ones may be
+    empty lists), so every process runs as many as the others."""
+    order = sorted(rows, key=lambda i: (-lengths[i], i))
+    out = [order[k:k + size] for k in range(0, len(order), size)]
+    if count is not None:
+        if len(out) > count:
+            raise ValueError(f"{len(rows)} rows do not fit {count} micro-batches of {size}")
+        out += [[] for _ in range(count - len(out))]
+    return out
+
+
+def shard(rows: list[int], lengths: list[int], rank: int, world: int) -> list[int]:
+    """This process's share of a mini-batch: rows sorted by length, dealt round robin (balanced lengths)."""
+    order = sorted(rows, key=lambda i: (-lengths[i], i))
+    return order[rank::world]
+
+
+def padding_waste(lengths: list[int], groups: list[list[int]]) -> float:
+    """Share of padded positions over micro-batches `groups` (0: none)."""
+    real = sum(lengths[i] for g in groups for i in g)
+    padded = sum(len(g) * max(lengths[i] for i in g) for g in groups if g)
+    return 1 - real / padded if padded else 0.0

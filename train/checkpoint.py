@@ -1,0 +1,144 @@
+"""Checkpoints as policy versions in the store, and resuming a run from its last one.
+
+A checkpoint is a folder `<checkpoint_dir>/<run_id>/step-<n>` holding the actor as safetensors and its
+tokenizer (save_pretrained; under ZeRO-3 the partitioned weights are gathered on rank 0 first), so
+`collect --policy policy:ID` and `hf:PATH` load it as any model; with `save_optimizer`, also the DeepSpeed
+state of the actor and the critic (`deepspeed/`) and the trainer's own state (`trainer_state.json`).
+
+Each checkpoint becomes, in one snapshot, a row in `policies` (policy_id `<run_id>/step-<n>`, parent the
+policy it was trained from) and a row in `train_steps` (run_id, step, policy_id, snapshot_read, metrics).
+A run restarted with the same run id continues from its last train_steps row that names a policy.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+from trajlake.schemas import Policy as PolicyRow
+from trajlake.schemas import TrainStep
+from trajlake.store import Lake, TrajlakeError
+from trajlake.train import engine as E
+
+STATE_FILE = "trainer_state.json"
+DS_DIR = "deepspeed"
+
+
+def now() -> datetime:
+    return datetime.now(timezone.utc)
+
+
+def policy_id_for(run_id: str, step: int) -> str:
+    return f"{run_id}/step-{step}"
+
+
+def checkpoint_path(checkpoint_dir: str | Path, run_id: str, step: int) -> Path:
+    return (Path(checkpoint_dir) / run_id.replace("/", "_") / f"step-{step}").absolute()
+
+
+def save(engines: E.Engines, path: Path, *, state: dict[str, Any], save_optimizer: bool) -> None:
+    """Write the checkpoint folder (every rank must call: gathering weights and DeepSpeed saves are collective)."""
+    actor = engines.actor
+    if E.is_main():
+        path.mkdir(parents=True, exist_ok=True)
+    E.barrier()
+    if actor.zero_optimization_stage() == 3:
+        sd = actor._zero3_consolidated_16bit_state_dict()  # collective; the full state dict on rank 0
+        if E.is_main():
+            actor.module.save_pretrained(path, state_dict=sd, safe_serialization=True)
+    elif E.is_main():
+        actor.module.save_pretrained(path, safe_serialization=True)
+    if E.is_main():
+        engines.tokenizer.save_pretrained(path)
+    if save_optimizer:
+        actor.save_checkpoint(str(path / DS_DIR), tag="actor", save_latest=False)
+        if engines.critic is not None:
+            engines.critic.save_checkpoint(str(path / DS_DIR), tag="critic", save_latest=False)
+    if E.is_main():
+        (path / STATE_FILE).write_text(json.dumps(state, indent=1))
+    E.barrier()
+
+
+def load_state(engines: E.Engines, path: str | Path) -> dict[str, Any]:
+    """Restore the DeepSpeed state saved with a checkpoint (when there is one); returns the trainer state."""
+    path = Path(path)
+    ds = path / DS_DIR
+    if (ds / "actor").is_dir():
+        engines.actor.load_checkpoint(str(ds), tag="actor", load_module_strict=True)
+    if engines.critic is not None and (ds / "critic").is_dir():
+        engines.critic.load_checkpoint(str(ds), tag="critic")
+    f = path / STATE_FILE
+    return json.loads(f.read_text()) if f.is_file() else {}
+
+
+def clean_metrics(metrics: dict[str, Any]) -> dict[str, Any]:
+    """JSON-safe metrics: floats rounded, NaN/inf as null."""
+    out = {}
+    for k, v in metrics.items():
+        if isinstance(v, float):
+            v = None if not math.isfinite(v) else round(v, 6)
+        out[k] = v
+    return out
+
+
+def commit(lake: Lake, *, run_id: str, step: int, metrics: dict[str, Any], snapshot_read: int | None,
+           policy: PolicyRow | None = None) -> int | None:
+    """One snapshot: the train_steps row (naming `policy` when given) and the policy's row."""
+    rows: dict[str, list] = {"train_steps": [TrainStep(run_id, step, policy.policy_id if policy else None,
+                                                       snapshot_read, clean_metrics(metrics))]}
+    if policy is not None:
+        rows["policies"] = [policy]
+    what = f"checkpoint {policy.policy_id}" if policy else "metrics"
+    return lake.append(rows, stage="train", run_id=run_id, message=f"train: {run_id} step {step}: {what}").snapshot_id
+
+
+def policy_row(*, run_id: str, step: int, path: Path, base_model: str, parent: str | None) -> PolicyRow:
+    return PolicyRow(policy_id_for(run_id, step), run_id=run_id, step=step, base_model=base_model,
+                     checkpoint_uri=str(path), parent_policy_id=parent, created_at=now())
+
+
+@dataclass(frozen=True)
+class Resume:
+    """Where a run left off: its last step with a checkpoint."""
+
+    step: int
+    policy_id: str
+    checkpoint_uri: str
+    snapshot_read: int | None
+    metrics: dict[str, Any]
+
+
+def last_checkpoint(lake: Lake, run_id: str) -> Resume | None:
+    """The last train_steps row of `run_id` that names a policy with a checkpoint on disk (None: a new run)."""
+    rows = lake.query(
+        "SELECT s.step, s.policy_id, s.snapshot_read, s.metrics, p.checkpoint_uri FROM train_steps s "
+        "JOIN policies p USING (policy_id) WHERE s.run_id = ? ORDER BY s.step DESC", [run_id]).to_dicts()
+    for r in rows:
+        uri = r["checkpoint_uri"]
+        if uri and (Path(uri) / "config.json").is_file():
+            m = r["metrics"]
+            return Resume(int(r["step"]), r["policy_id"], uri, r["snapshot_read"],
+                          json.loads(m) if isinstance(m, str) else (m or {}))
+    return None
+
+
+def resolve_model(lake: Lake | None, model: str) -> tuple[str, str, str, bool]:
+    """(checkpoint folder, policy id, base model, needs a policies row) of a config's `model`."""
+    if model.startswith("policy:"):
+        pid = model.split(":", 1)[1]
+        if lake is None:
+            raise TrajlakeError(f"{model} needs a lake to look it up in")
+        rows = lake.query("SELECT checkpoint_uri, base_model FROM policies WHERE policy_id = ?", [pid]).to_dicts()
+        if not rows or not rows[0]["checkpoint_uri"]:
+            raise TrajlakeError(f"no checkpoint for policy {pid!r} in the store "
+                                "(trajlake sql 'SELECT * FROM policies')")
+        return rows[0]["checkpoint_uri"], pid, rows[0]["base_model"] or rows[0]["checkpoint_uri"], False
+    path = model.split(":", 1)[1] if model.startswith("hf:") else model
+    p = Path(path).absolute()
+    if not (p / "config.json").is_file():
+        raise TrajlakeError(f"no model at {p}: expected a save_pretrained folder (config.json) or policy:ID")
+    return str(p), f"hf:{p}", str(p), True

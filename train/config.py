@@ -1,0 +1,304 @@
+"""The train stage's configuration: one dataclass, every field documented, checked at construction.
+
+`load_config(path)` reads it from TOML (flat keys, the field names below; an unknown key is an error naming
+it). `TrainConfig(...)` raises `ConfigError` saying what to fix when fields disagree with each other.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import tomllib
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from trajlake.store.errors import TrajlakeError
+from trajlake.train.algos import ADVANTAGES, AGG_MODES, KL_CONTROLLERS, KL_ESTIMATORS, POLICY_LOSSES, VALUE_LOSSES
+
+ALGOS = ("grpo", "ppo", "sft")
+DTYPES = ("fp32", "bf16")
+OLD_LOGPROBS = ("recompute", "behaviour")
+KL_MODES = ("loss", "reward")
+#: advantage estimator used when `advantage` is not given
+DEFAULT_ADVANTAGE = {"grpo": "grpo", "ppo": "gae", "sft": "grpo"}
+
+
+class ConfigError(TrajlakeError):
+    """A train config is invalid; the message says which field and what to do."""
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    """What `trajlake train` trains, on what data, and how."""
+
+    # ---- what and from where -----------------------------------------------------------------------
+    model: str
+    """Starting point: a model folder (save_pretrained layout) or `policy:ID` (a checkpoint in the store)."""
+    algo: str = "grpo"
+    """grpo (group-relative advantages, no critic), ppo (GAE with a critic) or sft (cross-entropy on a
+    filtered store query; `sft_filter`, `sft_steps`)."""
+    run_id: str | None = None
+    """Run id. A run restarted with the same id resumes from its last checkpoint; None makes a new id."""
+    checkpoint_dir: str = "checkpoints"
+    """Folder for checkpoints: each is `<checkpoint_dir>/<run_id>/step-<n>` and a row in `policies`."""
+    seed: int = 0
+    """Seeds torch, the minibatch shuffles and the rollout sampler (iteration i samples with seed + i)."""
+
+    # ---- rollouts ------------------------------------------------------------------------------------
+    env: str = "doors"
+    """Env to play (`trajlake envs`)."""
+    split: str = "train"
+    """Task split trained on (train, val or test)."""
+    difficulty: int | None = None
+    """Only tasks of this difficulty (None: all interleaved)."""
+    tasks: int = 16
+    """Tasks per iteration."""
+    samples: int = 4
+    """Samples per task: the group size K of GRPO (>= 2 for grpo, else every advantage is 0)."""
+    iterations: int = 10
+    """Iterations (collect -> score -> update -> checkpoint) of grpo/ppo."""
+    max_turns: int = 6
+    """Turn cap per episode."""
+    template: str = "think_action"
+    """Action template the agent replies in (see collect.templates)."""
+    temperature: float = 1.0
+    """Sampling temperature of the rollouts (> 0); log-probs in training use logits / temperature too."""
+    top_p: float = 1.0
+    """Nucleus sampling mass of the rollouts."""
+    max_new_tokens: int = 48
+    """Reply length cap per turn."""
+    system_prompt: str | None = None
+    """System message of the rollouts; None: built from the env's description, actions and the template."""
+    concurrency: int = 64
+    """Episodes played at once (one batched generate call per turn)."""
+    reward_spec: str | None = None
+    """Reward spec TOML; None: the built-in default spec (rewards/specs/default.toml)."""
+    eval_every: int = 0
+    """Evaluate every N iterations (and before the first) on held-out tasks, greedy; 0: never."""
+    eval_split: str = "test"
+    """Split of the held-out tasks."""
+    eval_tasks: int = 32
+    """Held-out tasks per evaluation."""
+
+    # ---- the update ----------------------------------------------------------------------------------
+    advantage: str | None = None
+    """Advantage estimator (train.algos.ADVANTAGES); None: grpo for grpo, gae for ppo."""
+    policy_loss: str = "ppo_clip"
+    """Policy loss (train.algos.POLICY_LOSSES): ppo_clip, dual_clip, gspo."""
+    agg_mode: str = "token-mean"
+    """Loss aggregation (train.algos.AGG_MODES) for the policy, entropy, KL and value losses."""
+    loss_norm_constant: float | None = None
+    """Constant of agg_mode seq-mean-token-sum-norm; None: max_new_tokens * max_turns."""
+    clip_low: float = 0.2
+    """Lower clip range of the ratio (1 - clip_low)."""
+    clip_high: float = 0.2
+    """Upper clip range of the ratio (1 + clip_high); 0.28 is DAPO's clip-higher."""
+    clip_c: float = 3.0
+    """Dual-clip bound c (> 1) of dual_clip."""
+    norm_adv_by_std: bool = True
+    """grpo: divide by the group std (False: Dr. GRPO style)."""
+    whiten_advantages: bool = True
+    """gae: whiten advantages over the batch."""
+    gamma: float = 1.0
+    """Discount over agent tokens (gae, reinforce++)."""
+    lam: float = 0.95
+    """GAE lambda."""
+    drop_zero_advantage: bool = True
+    """Leave out of the actor's update the sequences whose advantage is 0 on every token (GRPO groups whose
+    samples all scored the same, DAPO's dynamic-sampling filter): they add no policy gradient, but a step on
+    them alone would still move the weights by Adam's momentum. An iteration with none left skips the update."""
+    entropy_coef: float = 0.0
+    """Entropy bonus weight (loss -= entropy_coef * entropy)."""
+    kl_coef: float = 0.0
+    """KL(pi || ref) weight; > 0 loads a frozen reference model (the starting model)."""
+    kl_estimator: str = "k3"
+    """KL estimator (train.algos.KL_ESTIMATORS): k1, k2, k3, abs."""
+    kl_mode: str = "loss"
+    """`loss`: a KL term in the loss (GRPO); `reward`: a per-token penalty on the rewards (PPO-RLHF)."""
+    kl_controller: str = "fixed"
+    """fixed or adaptive (then kl_target and kl_horizon are needed)."""
+    kl_target: float | None = None
+    """Adaptive controller: the KL it steers to."""
+    kl_horizon: float | None = None
+    """Adaptive controller: horizon in sequences."""
+    old_logprobs: str = "recompute"
+    """recompute: pi_old is recomputed by the actor before the epochs; behaviour: the stored sampling
+    log-probs are pi_old (no extra forward; the ratio is then an importance weight pi / mu)."""
+    is_cap: float | None = None
+    """With recompute: truncated importance weights min(pi_old / mu, is_cap) from the stored behaviour
+    log-probs (off-policy correction of replayed or mismatched rollouts); None: off."""
+    value_loss: str = "clipped"
+    """ppo: value loss (train.algos.VALUE_LOSSES): clipped, mse."""
+    value_clip: float = 0.5
+    """ppo: clip range of the clipped value loss."""
+    critic_lr: float = 1e-5
+    """ppo: learning rate of the critic."""
+    critic_warmup: int = 0
+    """ppo: iterations that train only the critic."""
+
+    # ---- optimisation ---------------------------------------------------------------------------------
+    lr: float = 1e-5
+    """Actor learning rate (AdamW)."""
+    weight_decay: float = 0.0
+    """AdamW weight decay."""
+    epochs: int = 1
+    """Passes over each iteration's batch."""
+    minibatch_size: int = 16
+    """Sequences per optimizer step, over all processes."""
+    micro_batch: int = 4
+    """Sequences per forward pass per process (micro-batches are length-bucketed, right-padded)."""
+    grad_accum: int | None = None
+    """Micro-batches per optimizer step per process; None: minibatch_size / (micro_batch * processes).
+    Given, it must agree: minibatch_size = micro_batch * grad_accum * processes."""
+    grad_clip: float = 1.0
+    """Gradient norm clip (0: off)."""
+    zero_stage: int = 0
+    """DeepSpeed ZeRO stage, 0-3."""
+    dtype: str = "fp32"
+    """fp32 or bf16 (DeepSpeed bf16: bf16 weights and activations, fp32 master weights)."""
+    save_optimizer: bool = True
+    """Also save the DeepSpeed state (optimizer moments; the critic's weights) with each checkpoint, so a
+    resumed run continues exactly; without it a resumed run restarts the optimizer and the critic."""
+
+    # ---- sft ----------------------------------------------------------------------------------------
+    sft_filter: str = "success"
+    """SQL over episodes columns choosing SFT data, e.g. "success AND policy_id LIKE 'scripted:%'"."""
+    sft_steps: int = 100
+    """SFT optimizer steps."""
+    sft_snapshot: int | None = None
+    """Snapshot SFT reads (None: the latest at start)."""
+    checkpoint_every: int = 0
+    """SFT: checkpoint every N steps (0: only at the end). RL checkpoints every iteration."""
+    log_every: int = 10
+    """SFT: record a train_steps row every N steps."""
+    progress: bool = True
+    """Show a progress bar with the main metrics."""
+
+    def __post_init__(self):
+        adv = self.advantage or DEFAULT_ADVANTAGE.get(self.algo, "grpo")
+        checks = [
+            (self.algo in ALGOS, f"algo must be one of {', '.join(ALGOS)}, got {self.algo!r}"),
+            (bool(self.model), "model is required: a model folder or policy:ID"),
+            (self.dtype in DTYPES, f"dtype must be one of {', '.join(DTYPES)}, got {self.dtype!r}"),
+            (self.zero_stage in (0, 1, 2, 3), f"zero_stage must be 0, 1, 2 or 3, got {self.zero_stage}"),
+            (self.old_logprobs in OLD_LOGPROBS,
+             f"old_logprobs must be one of {OLD_LOGPROBS}, got {self.old_logprobs!r}"),
+            (self.kl_mode in KL_MODES, f"kl_mode must be one of {KL_MODES}, got {self.kl_mode!r}"),
+            (adv in ADVANTAGES, f"unknown advantage {adv!r}; valid: {', '.join(ADVANTAGES.names())}"),
+            (self.policy_loss in POLICY_LOSSES,
+             f"unknown policy_loss {self.policy_loss!r}; valid: {', '.join(POLICY_LOSSES.names())}"),
+            (self.agg_mode in AGG_MODES, f"unknown agg_mode {self.agg_mode!r}; valid: {', '.join(AGG_MODES.names())}"),
+            (self.kl_estimator in KL_ESTIMATORS,
+             f"unknown kl_estimator {self.kl_estimator!r}; valid: {', '.join(KL_ESTIMATORS.names())}"),
+            (self.kl_controller in KL_CONTROLLERS,
+             f"unknown kl_controller {self.kl_controller!r}; valid: {', '.join(KL_CONTROLLERS.names())}"),
+            (self.value_loss in VALUE_LOSSES,
+             f"unknown value_loss {self.value_loss!r}; valid: {', '.join(VALUE_LOSSES.names())}"),
+            (self.tasks >= 1 and self.samples >= 1 and self.iterations >= 0 and self.max_turns >= 1,
+             "tasks, samples and max_turns must be >= 1 and iterations >= 0"),
+            (self.temperature > 0, f"temperature must be > 0 for training rollouts, got {self.temperature}"),
+            (self.max_new_tokens >= 1, f"max_new_tokens must be >= 1, got {self.max_new_tokens}"),
+            (self.lr > 0 and self.critic_lr > 0, "lr and critic_lr must be > 0"),
+            (self.epochs >= 1, f"epochs must be >= 1, got {self.epochs}"),
+            (self.micro_batch >= 1, f"micro_batch must be >= 1, got {self.micro_batch}"),
+            (self.minibatch_size >= self.micro_batch,
+             f"minibatch_size ({self.minibatch_size}) must be >= micro_batch ({self.micro_batch})"),
+            (self.minibatch_size % self.micro_batch == 0,
+             f"minibatch_size ({self.minibatch_size}) must be a multiple of micro_batch ({self.micro_batch})"),
+            (self.grad_accum is None or (self.grad_accum >= 1
+                                         and self.minibatch_size % (self.micro_batch * self.grad_accum) == 0),
+             f"grad_accum ({self.grad_accum}) must be >= 1 with minibatch_size ({self.minibatch_size}) a multiple "
+             f"of micro_batch * grad_accum ({self.micro_batch} * {self.grad_accum}); or leave grad_accum unset"),
+            (self.grad_clip >= 0, f"grad_clip must be >= 0, got {self.grad_clip}"),
+            (self.kl_coef >= 0 and self.entropy_coef >= 0, "kl_coef and entropy_coef must be >= 0"),
+            (self.kl_controller != "adaptive" or (self.kl_target and self.kl_horizon),
+             "kl_controller adaptive needs kl_target > 0 and kl_horizon > 0"),
+            (self.kl_controller != "adaptive" or self.kl_coef > 0,
+             "kl_controller adaptive needs a starting kl_coef > 0"),
+            (self.policy_loss != "dual_clip" or self.clip_c > 1, f"dual_clip needs clip_c > 1, got {self.clip_c}"),
+            (self.is_cap is None or self.is_cap > 0, f"is_cap must be > 0, got {self.is_cap}"),
+            (self.is_cap is None or self.old_logprobs == "recompute",
+             "is_cap applies with old_logprobs = recompute (with behaviour the ratio is the importance weight)"),
+            (self.eval_every >= 0 and self.eval_tasks >= 1, "eval_every must be >= 0 and eval_tasks >= 1"),
+            (self.sft_steps >= 1 and self.log_every >= 1 and self.checkpoint_every >= 0,
+             "sft_steps and log_every must be >= 1, checkpoint_every >= 0"),
+            (self.algo != "sft" or bool(self.sft_filter.strip()),
+             "algo sft needs sft_filter (SQL over episodes, e.g. \"success AND policy_id LIKE 'scripted:%'\")"),
+            (0 <= self.gamma <= 1 and 0 <= self.lam <= 1, "gamma and lam must be in [0, 1]"),
+        ]
+        for ok, message in checks:
+            if not ok:
+                raise ConfigError(f"train config: {message}")
+        if self.algo == "ppo" and adv != "gae":
+            raise ConfigError(f"train config: algo ppo trains a critic for advantage gae, got advantage {adv!r}; "
+                              "use algo grpo for critic-free estimators")
+        if self.algo == "grpo" and adv == "gae":
+            raise ConfigError("train config: advantage gae needs a critic: use algo ppo")
+        if self.algo == "grpo" and adv in ("grpo", "dr_grpo", "rloo") and self.samples < 2:
+            raise ConfigError(f"train config: {adv} compares the samples of a task: samples must be >= 2, "
+                              f"got {self.samples}")
+
+    # ---- derived ------------------------------------------------------------------------------------
+    @property
+    def advantage_name(self) -> str:
+        """The advantage estimator used (the default for the algo when `advantage` is None)."""
+        return self.advantage or DEFAULT_ADVANTAGE[self.algo]
+
+    @property
+    def norm_constant(self) -> float:
+        return float(self.loss_norm_constant or self.max_new_tokens * self.max_turns)
+
+    def accum_steps(self, world_size: int) -> int:
+        """Micro-batches per optimizer step per process for `world_size` processes."""
+        per = self.micro_batch * world_size
+        if self.grad_accum is not None:
+            if self.micro_batch * self.grad_accum * world_size != self.minibatch_size:
+                raise ConfigError(
+                    f"train config: minibatch_size ({self.minibatch_size}) != micro_batch ({self.micro_batch}) * "
+                    f"grad_accum ({self.grad_accum}) * processes ({world_size}); fix one or unset grad_accum")
+            return self.grad_accum
+        if self.minibatch_size % per:
+            raise ConfigError(f"train config: minibatch_size ({self.minibatch_size}) is not a multiple of "
+                              f"micro_batch * processes ({self.micro_batch} * {world_size})")
+        return self.minibatch_size // per
+
+    def replace(self, **changes: Any) -> TrainConfig:
+        """A copy with `changes` (checked again)."""
+        return dataclasses.replace(self, **changes)
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+FIELDS = {f.name for f in dataclasses.fields(TrainConfig)}
+
+
+def config_from_dict(data: dict[str, Any], source: str = "<dict>") -> TrainConfig:
+    """A TrainConfig from a flat mapping; unknown keys are an error naming them."""
+    unknown = sorted(set(data) - FIELDS)
+    if unknown:
+        raise ConfigError(f"{source}: unknown key(s) {', '.join(unknown)}; valid keys: {', '.join(sorted(FIELDS))}")
+    if "model" not in data:
+        raise ConfigError(f"{source}: `model` is required (a model folder or policy:ID)")
+    try:
+        return TrainConfig(**data)
+    except ConfigError as e:
+        raise ConfigError(f"{source}: {e}") from None
+    except TypeError as e:
+        raise ConfigError(f"{source}: {e}") from None
+
+
+def load_config(path: str | Path, **overrides: Any) -> TrainConfig:
+    """Read a TrainConfig from a TOML file (flat keys); `overrides` (not None) replace file values."""
+    path = Path(path)
+    try:
+        data = tomllib.loads(path.read_text())
+    except FileNotFoundError:
+        raise ConfigError(f"no train config at {path}") from None
+    except tomllib.TOMLDecodeError as e:
+        raise ConfigError(f"{path}: invalid TOML: {e}") from None
+    data.update({k: v for k, v in overrides.items() if v is not None})
+    return config_from_dict(data, str(path))
+
+
+__all__ = ["TrainConfig", "ConfigError", "load_config", "config_from_dict", "ALGOS"]

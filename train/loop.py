@@ -1,0 +1,269 @@
+"""The training loops: `train` (GRPO/PPO iterations over the store) and `sft` (fine-tuning on a store query).
+
+An iteration: collect `samples` episodes of each of `tasks` tasks with the current policy into the store
+(collect run `<run_id>/it-<n>`), score them with the reward spec, read them back as a batch at a pinned
+snapshot, compute advantages, run the epochs, checkpoint (a new row in `policies`), evaluate on held-out
+tasks every `eval_every` iterations, and record a `train_steps` row (metrics, snapshot read, policy).
+
+Only rank 0 touches the store (a DuckDB-file lake admits one process); batches reach the other ranks by
+broadcast. A run restarted with the same run id continues after its last checkpoint; an iteration cut
+short re-collects under the same collect run id, which resumes instead of replaying what is stored.
+"""
+
+from __future__ import annotations
+
+import functools
+import time
+import uuid
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from typing import Any
+
+import torch
+
+from trajlake.schemas import Run
+from trajlake.store import Lake, TrajlakeError
+from trajlake.train import checkpoint as C
+from trajlake.train import engine as E
+from trajlake.train.algos import make_kl_controller
+from trajlake.train.batch import collate, load_episodes
+from trajlake.train.config import TrainConfig
+from trajlake.train.progress import TrainProgress
+from trajlake.train.steps import prepare, rl_update, sft_update
+
+
+@dataclass
+class RunResult:
+    """What a train or sft run ended with."""
+
+    run_id: str
+    policy_id: str
+    step: int
+    history: list[dict[str, Any]] = field(default_factory=list)
+
+
+def _sql_str(s: str) -> str:
+    return "'" + s.replace("'", "''") + "'"
+
+
+def _now() -> datetime:
+    return datetime.now(timezone.utc)
+
+
+class _Run:
+    """What train and sft share: process group, run id, resume point, engines, run row."""
+
+    def __init__(self, config: TrainConfig, lake: Lake | None, kind: str):
+        self.cfg = config
+        self.rank, self.world = E.init_distributed()
+        self.main = self.rank == 0
+        if self.main and lake is None:
+            raise TrajlakeError("rank 0 needs the lake")
+        self.lake = lake if self.main else None
+        rid = config.run_id or f"{kind}-{_now():%Y%m%d-%H%M%S}-{uuid.uuid4().hex[:6]}"
+        info = None
+        if self.main:
+            start_path, start_pid, base, new_row = C.resolve_model(lake, config.model)
+            info = (rid, start_path, start_pid, base, new_row, C.last_checkpoint(lake, rid))
+        (self.run_id, self.start_path, self.start_pid, self.base, new_row, self.resume) = E.broadcast(info)
+        self.step = self.resume.step if self.resume else 0
+        self.policy_id = self.resume.policy_id if self.resume else self.start_pid
+        self.model_path = self.resume.checkpoint_uri if self.resume else self.start_path
+        if self.main:
+            rows: dict[str, list] = {"runs": [Run(self.run_id, "train", config=config.to_dict(), status="running",
+                                                  started_at=_now())]}
+            if new_row:
+                rows["policies"] = [C.PolicyRow(self.start_pid, run_id=self.run_id, base_model=self.base,
+                                                checkpoint_uri=self.start_path, created_at=_now())]
+            lake.append(rows, stage="train", run_id=self.run_id, message=f"train: start run {self.run_id}")
+            if lake.query("SELECT status FROM runs WHERE run_id = ?", [self.run_id])["status"][0] != "running":
+                lake.update("runs", {"run_id": self.run_id}, {"status": "running"}, stage="train", run_id=self.run_id)
+
+    def build(self, critic: bool = False, ref: bool = False) -> E.Engines:
+        engines = E.build_engines(self.cfg, self.model_path, critic=critic, ref=ref, ref_path=self.start_path,
+                                  critic_path=self.start_path)
+        self.state = C.load_state(engines, self.model_path) if self.resume else {}
+        return engines
+
+    def checkpoint(self, engines: E.Engines, state: dict[str, Any]) -> tuple[C.PolicyRow, Any]:
+        path = C.checkpoint_path(self.cfg.checkpoint_dir, self.run_id, self.step)
+        C.save(engines, path, state=state, save_optimizer=self.cfg.save_optimizer)
+        return C.policy_row(run_id=self.run_id, step=self.step, path=path, base_model=self.base,
+                            parent=self.policy_id), path
+
+    def finish(self, status: str) -> None:
+        if self.main:
+            self.lake.update("runs", {"run_id": self.run_id}, {"status": status, "finished_at": _now()},
+                             stage="train", run_id=self.run_id)
+
+
+def _in_memory_policy(engines: E.Engines, policy_id: str, path: str):
+    """The actor as a collect policy without a round trip through disk (ZeRO 0-2: rank 0 holds every weight);
+    None under ZeRO-3 (collect then loads the checkpoint)."""
+    if engines.actor.zero_optimization_stage() == 3:
+        return None
+    from trajlake.collect.policies.hf import HFPolicy
+
+    return HFPolicy(path, policy_id=policy_id, model=engines.actor.module, tokenizer=engines.tokenizer,
+                    device=str(E.device()))
+
+
+def _collect(r: _Run, engines: E.Engines, policy_id: str, path: str, *, run_id: str, split: str, tasks: int,
+             samples: int, temperature: float, seed: int) -> str:
+    """Rank 0 plays episodes with the actor into the store; returns the collect run id."""
+    from trajlake.collect.config import CollectConfig
+    from trajlake.collect.rollout import collect
+
+    c = r.cfg
+    cc = CollectConfig(env=c.env, policy=f"policy:{policy_id}", split=split, tasks=tasks, samples=samples,
+                       difficulty=c.difficulty, max_turns=c.max_turns, run_id=run_id,
+                       concurrency=min(c.concurrency, tasks * samples), temperature=temperature, top_p=c.top_p,
+                       max_new_tokens=c.max_new_tokens, seed=seed, template=c.template,
+                       system_prompt=c.system_prompt, progress=False)
+    policy = _in_memory_policy(engines, policy_id, path)
+    engines.actor.eval()
+    try:
+        return collect(cc, r.lake, policy=policy)
+    finally:
+        if policy is not None:
+            policy.close()
+
+
+def evaluate(r: _Run, engines: E.Engines, policy_id: str, path: str, step: int) -> dict[str, float]:
+    """Greedy episodes on held-out tasks (rank 0); success rate and mean env reward, on every rank."""
+    out = None
+    if r.main:
+        rid = _collect(r, engines, policy_id, path, run_id=f"{r.run_id}/eval-{step}", split=r.cfg.eval_split,
+                       tasks=r.cfg.eval_tasks, samples=1, temperature=0.0, seed=r.cfg.seed)
+        row = r.lake.query("SELECT avg(success::INT) AS s, avg(env_reward) AS e FROM episodes WHERE run_id = ?",
+                           [rid]).to_dicts()[0]
+        out = {"eval_success": float(row["s"] or 0.0), "eval_env_reward": float(row["e"] or 0.0)}
+    return E.broadcast(out)
+
+
+def train(config: TrainConfig, lake: Lake | None) -> RunResult:
+    """GRPO/PPO iterations (or, for algo sft, `sft`). Every rank calls it; only rank 0 needs `lake`."""
+    if config.algo == "sft":
+        return sft(config, lake)
+    from trajlake.rewards import default_spec, load_spec
+    from trajlake.rewards.score import score
+
+    r = _Run(config, lake, "train")
+    c = config
+    spec = load_spec(c.reward_spec) if c.reward_spec else default_spec()
+    engines = r.build(critic=c.algo == "ppo", ref=c.kl_coef > 0)
+    kl_ctl = make_kl_controller(c.kl_controller, c.kl_coef, c.kl_target, c.kl_horizon)
+    if "kl_controller" in r.state:
+        kl_ctl.load_state_dict(r.state["kl_controller"])
+    result = RunResult(r.run_id, r.policy_id, r.step)
+    try:
+        with TrainProgress(c.iterations, enabled=c.progress and r.main, run_id=r.run_id, done=r.step) as bar:
+            if r.step == 0 and c.eval_every:
+                m = evaluate(r, engines, r.policy_id, r.model_path, 0)
+                if r.main:
+                    C.commit(r.lake, run_id=r.run_id, step=0, metrics=m, snapshot_read=None)
+                result.history.append(m)
+            while r.step < c.iterations:
+                it = r.step
+                t0 = time.perf_counter()
+                payload = None
+                if r.main:
+                    crun = _collect(r, engines, r.policy_id, r.model_path, run_id=f"{r.run_id}/it-{it + 1}",
+                                    split=c.split, tasks=c.tasks, samples=c.samples, temperature=c.temperature,
+                                    seed=c.seed + it)
+                    where = f"run_id = {_sql_str(crun)}"
+                    score(r.lake, spec, where=where, run_id=r.run_id)
+                    snap = r.lake.current_snapshot()
+                    payload = (snap, load_episodes(r.lake, where, snapshot=snap, spec_id=spec.spec_id))
+                snap, seqs = E.broadcast(payload)
+                if not seqs:
+                    raise TrajlakeError(f"iteration {it + 1}: the rollouts produced no agent tokens to train on")
+                t1 = time.perf_counter()
+                batch = collate(seqs, engines.pad_id)
+                prep, m_prep = prepare(engines, batch, c, kl_ctl)
+                m_upd = rl_update(engines, prep, c, kl_ctl, seed=c.seed + it, train_actor=it >= c.critic_warmup)
+                t2 = time.perf_counter()
+                agent_tokens = int(batch.loss_mask.sum())
+                metrics = {"iteration": it + 1, "episodes": batch.size, "reward_mean": float(batch.scores.mean()),
+                           "reward_std": float(batch.scores.std()) if batch.size > 1 else 0.0,
+                           "success_mean": float(batch.success.float().mean()), "agent_tokens": agent_tokens,
+                           "collect_s": t1 - t0, "update_s": t2 - t1,
+                           "rollout_tokens_per_s": agent_tokens / max(t1 - t0, 1e-9), **m_prep, **m_upd}
+                r.step = it + 1
+                row, path = r.checkpoint(engines, {"step": r.step, "kl_controller": kl_ctl.state_dict()})
+                if c.eval_every and (r.step % c.eval_every == 0 or r.step == c.iterations):
+                    metrics.update(evaluate(r, engines, row.policy_id, str(path), r.step))
+                if r.main:
+                    C.commit(r.lake, run_id=r.run_id, step=r.step, metrics=metrics, snapshot_read=snap, policy=row)
+                E.barrier()
+                r.policy_id, r.model_path = row.policy_id, str(path)
+                result.policy_id, result.step = r.policy_id, r.step
+                result.history.append(metrics)
+                bar.update(r.step, metrics)
+        r.finish("finished")
+    except BaseException:
+        r.finish("failed")
+        raise
+    return result
+
+
+def sft(config: TrainConfig, lake: Lake | None) -> RunResult:
+    """Supervised fine-tuning on the episodes `config.sft_filter` selects (e.g. successful scripted-expert
+    ones): cross-entropy on their response tokens, `sft_steps` optimizer steps of `minibatch_size`."""
+    r = _Run(config, lake, "sft")
+    c = config
+    payload = None
+    if r.main:
+        snap = c.sft_snapshot or (r.resume.snapshot_read if r.resume else None) or r.lake.current_snapshot()
+        payload = (snap, load_episodes(r.lake, c.sft_filter, snapshot=snap))
+    snap, seqs = E.broadcast(payload)
+    if not seqs:
+        raise TrajlakeError(f"sft: no episodes match sft_filter ({c.sft_filter}) at snapshot {snap}")
+    engines = r.build()
+    batch = collate(seqs, engines.pad_id)
+    n, mb = batch.size, min(c.minibatch_size, batch.size)
+
+    @functools.lru_cache(maxsize=4)
+    def perm(epoch: int) -> list[int]:
+        return torch.randperm(n, generator=torch.Generator().manual_seed(c.seed * 100_003 + epoch)).tolist()
+
+    def rows_of(step: int) -> list[int]:  # a fixed stream of shuffled epochs, so a resumed run picks up exactly
+        return [perm(k // n)[k % n] for k in range(step * mb, (step + 1) * mb)]
+
+    result = RunResult(r.run_id, r.policy_id, r.step)
+    t0 = time.perf_counter()
+    try:
+        with TrainProgress(c.sft_steps, enabled=c.progress and r.main, run_id=r.run_id, done=r.step) as bar:
+            while r.step < c.sft_steps:
+                m = sft_update(engines, batch, rows_of(r.step), c)
+                r.step += 1
+                m = {"step": r.step, "episodes": n, **m, "elapsed_s": time.perf_counter() - t0}
+                result.history.append(m)
+                bar.update(r.step, m)
+                last = r.step == c.sft_steps
+                if last or (c.checkpoint_every and r.step % c.checkpoint_every == 0):
+                    row, path = r.checkpoint(engines, {"step": r.step})
+                    if r.main:
+                        C.commit(r.lake, run_id=r.run_id, step=r.step, metrics=m, snapshot_read=snap, policy=row)
+                    r.policy_id = result.policy_id = row.policy_id
+                    result.step = r.step
+                elif r.step % c.log_every == 0 and r.main:
+                    C.commit(r.lake, run_id=r.run_id, step=r.step, metrics=m, snapshot_read=snap)
+        r.finish("finished")
+    except BaseException:
+        r.finish("failed")
+        raise
+    return result
+
+
+def run(config: TrainConfig, lake_uri: str | None = None) -> RunResult:
+    """Entry point of `trajlake train` and `python -m trajlake.train`: opens the lake on rank 0 only."""
+    import trajlake.rewards  # noqa: F401 (token_rewards view)
+
+    rank, _ = E.init_distributed()
+    lake = Lake.open(lake_uri) if rank == 0 else None
+    try:
+        return train(config, lake)
+    finally:
+        if lake is not None:
+            lake.close()

@@ -1,0 +1,266 @@
+"""One update over a batch: PPO/GRPO (`prepare` then `rl_update`) and SFT (`sft_update`).
+
+Every loss comes from the registries of train/algos.py by name. A mini-batch is split over the processes
+(rows dealt by length) and each share into length-bucketed micro-batches; every loss is aggregated with the
+token (or sequence) count of the whole mini-batch over all processes as its denominator, so the gradient
+of a mini-batch is the same whatever the number of processes and micro-batches.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+
+from trajlake.store import TrajlakeError
+from trajlake.train import engine as E
+from trajlake.train.algos import ADVANTAGES, POLICY_LOSSES, VALUE_LOSSES, aggregate, apply_kl_penalty, kl_penalty
+from trajlake.train.batch import Batch, micro_batches, shard
+from trajlake.train.config import TrainConfig
+
+
+@dataclass
+class Prepared:
+    """Per-token tensors of the whole batch, (B, T): what the epochs read."""
+
+    batch: Batch
+    old_logprobs: torch.Tensor
+    advantages: torch.Tensor
+    returns: torch.Tensor
+    token_rewards: torch.Tensor
+    ref_logprobs: torch.Tensor | None = None
+    values: torch.Tensor | None = None
+    is_weights: torch.Tensor | None = None
+
+
+class Meter:
+    """Weighted sums of metrics, averaged over all processes at the end."""
+
+    def __init__(self):
+        self.sums: dict[str, float] = {}
+        self.weights: dict[str, float] = {}
+
+    def add(self, name: str, value, weight: float = 1.0) -> None:
+        v = float(value)
+        if math.isnan(v) or weight == 0:
+            return
+        self.sums[name] = self.sums.get(name, 0.0) + v * weight
+        self.weights[name] = self.weights.get(name, 0.0) + weight
+
+    def result(self) -> dict[str, float]:
+        keys = sorted(set().union(*E.all_gather(sorted(self.sums))))
+        flat = {f"s:{k}": self.sums.get(k, 0.0) for k in keys} | {f"w:{k}": self.weights.get(k, 0.0) for k in keys}
+        flat = E.all_mean(flat)
+        return {k: flat[f"s:{k}"] / flat[f"w:{k}"] for k in keys if flat[f"w:{k}"] > 0}
+
+
+def _take(x: torch.Tensor | None, idx: list[int], width: int) -> torch.Tensor | None:
+    return None if x is None else x[torch.as_tensor(idx, dtype=torch.long), :width].to(E.device())
+
+
+def _micro(batch: Batch, rows: list[int], cfg: TrainConfig, world: int, rank: int):
+    """This process's micro-batches of `rows`: (sub-batch, its row indices); as many on every process (a
+    process short of rows runs a fully masked one-row micro-batch, so collectives line up)."""
+    lengths = batch.lengths
+    per_rank = -(-len(rows) // world)
+    count = max(1, -(-per_rank // cfg.micro_batch))
+    for mb in micro_batches(lengths, shard(rows, lengths, rank, world), cfg.micro_batch, count):
+        if mb:
+            yield batch.rows(mb), mb
+        else:
+            sub = batch.rows([rows[0]], width=min(2, batch.input_ids.shape[1]))
+            sub.loss_mask = torch.zeros_like(sub.loss_mask)
+            yield sub, [rows[0]]
+
+
+def _denominator(batch: Batch, rows: list[int], cfg: TrainConfig, world: int) -> float:
+    m = batch.loss_mask[torch.as_tensor(rows, dtype=torch.long)]
+    n = m.sum() if cfg.agg_mode == "token-mean" else (m.sum(-1) > 0).sum()
+    return float(n) / world
+
+
+@torch.no_grad()
+def per_token(batch: Batch, cfg: TrainConfig, fn: Callable[[Batch], torch.Tensor], engines: E.Engines) -> torch.Tensor:
+    """`fn(sub_batch) -> (b, t)` over the whole batch, each process computing a share: (B, T) on every one."""
+    out = torch.zeros(batch.input_ids.shape, dtype=torch.float32)
+    for sub, idx in _micro(batch, list(range(batch.size)), cfg, engines.world, engines.rank):
+        if sub.loss_mask.any():
+            out[torch.as_tensor(idx), :sub.input_ids.shape[1]] = fn(sub).float().cpu()
+        else:
+            fn(sub)  # keep ZeRO-3's collective forward passes in step
+    if engines.world > 1:
+        torch.distributed.all_reduce(out)
+    return out
+
+
+def prepare(engines: E.Engines, batch: Batch, cfg: TrainConfig, kl_ctl) -> tuple[Prepared, dict[str, float]]:
+    """Old and reference log-probs, values, KL penalty, advantages for a batch (no gradient)."""
+    metrics: dict[str, float] = {}
+    mask = batch.loss_mask
+    behaviour = torch.nan_to_num(batch.behaviour_logprobs, nan=0.0)
+    has_behaviour = ~torch.isnan(batch.behaviour_logprobs) | (mask == 0)
+    engines.actor.eval()
+    if cfg.old_logprobs == "behaviour":
+        if not bool(has_behaviour.all()):
+            bad = batch.episode_ids[int((~has_behaviour).any(-1).nonzero()[0, 0])]
+            raise TrajlakeError(f"episode {bad} has no behaviour log-probs (a text policy played it): use "
+                                "old_logprobs = recompute")
+        old = behaviour * mask
+    else:
+        old = per_token(batch, cfg, lambda s: E.forward_logprobs(engines.actor, s.input_ids, s.attention_mask,
+                                                                 temperature=cfg.temperature)[0], engines)
+    is_weights = None
+    if cfg.is_cap is not None:
+        w = torch.exp((old - behaviour).clamp(-20, 20)).clamp(max=cfg.is_cap)
+        is_weights = torch.where(has_behaviour & (mask > 0), w, torch.ones_like(w))
+        metrics["is_weight_mean"] = float((is_weights * mask).sum() / mask.sum().clamp(min=1))
+    both = has_behaviour & (mask > 0) & ~torch.isnan(batch.behaviour_logprobs)
+    if both.any():
+        metrics["behaviour_kl"] = float((behaviour - old)[both].mean())  # k1 estimate of KL(mu || pi_old)
+    ref = None
+    rewards = batch.token_rewards.clone()
+    if engines.ref is not None:
+        ref = per_token(batch, cfg, lambda s: E.forward_logprobs(engines.ref, s.input_ids, s.attention_mask,
+                                                                 temperature=cfg.temperature)[0], engines)
+        if cfg.kl_mode == "reward":
+            rewards, m = apply_kl_penalty(rewards, old, ref, mask, kl_ctl.value, cfg.kl_estimator)
+            kl_ctl.update(m["kl"], batch.size)
+            metrics["kl"] = m["kl"]
+    values = None
+    if engines.critic is not None:
+        engines.critic.eval()
+        values = per_token(batch, cfg, lambda s: E.forward_values(engines.critic, s.input_ids, s.attention_mask),
+                           engines)
+    adv, ret = ADVANTAGES[cfg.advantage_name](
+        token_level_rewards=rewards, mask=mask, values=values, group_ids=batch.group_ids, gamma=cfg.gamma,
+        lam=cfg.lam, whiten=cfg.whiten_advantages, norm_by_std=cfg.norm_adv_by_std)
+    m = mask > 0
+    metrics.update(adv_mean=float(adv[m].mean()), adv_abs_mean=float(adv[m].abs().mean()))
+    prep = Prepared(batch, old * mask, adv.float(), ret.float(), rewards, ref, values, is_weights)
+    return prep, metrics
+
+
+def minibatch_step(engine, batch: Batch, rows: list[int], cfg: TrainConfig, engines: E.Engines,
+                   micro_loss: Callable, meter: Meter, prefix: str = "") -> None:
+    """One optimizer step of `engine` over the mini-batch `rows`: `micro_loss(sub, idx, denominator)` gives
+    each micro-batch's (loss, metrics); the step's loss and gradient norm go to `meter`."""
+    engine.train()
+    denom = _denominator(batch, rows, cfg, engines.world)
+    micro = list(_micro(batch, rows, cfg, engines.world, engines.rank))
+    sums = {"loss": 0.0}
+    for k, (sub, idx) in enumerate(micro):
+        boundary = k == len(micro) - 1
+        engine.set_gradient_accumulation_boundary(boundary)
+        loss, metrics = micro_loss(sub, idx, denom)
+        engine.backward(loss, scale_wrt_gas=False)
+        sums["loss"] += float(loss.detach())
+        weight = float(sub.loss_mask.sum())
+        for name, v in metrics.items():
+            if name.endswith("_loss"):  # a share of the mini-batch's loss (global denominator): add up
+                sums[name] = sums.get(name, 0.0) + float(v)
+            else:  # a mean over the micro-batch's tokens: weigh by them
+                meter.add(prefix + name, v, weight)
+        if boundary:
+            meter.add(prefix + "grad_norm", E.optimizer_step(engine))
+        else:
+            engine.step()
+    for name, v in sums.items():  # averaged over processes, these are the mini-batch's losses
+        meter.add(prefix + name, v)
+
+
+def actor_loss_terms(lp: torch.Tensor, ent: torch.Tensor, mask: torch.Tensor, cfg: TrainConfig, kl_ctl,
+                     denom: float | None, *, old_logprobs: torch.Tensor, advantages: torch.Tensor,
+                     is_weights: torch.Tensor | None = None, ref_logprobs: torch.Tensor | None = None):
+    """The actor's loss on one micro-batch, all (b, t): POLICY_LOSSES[cfg.policy_loss], minus the entropy
+    bonus, plus the KL loss (kl_mode loss, when `ref_logprobs` is given). Returns (loss, metrics)."""
+    loss, m = POLICY_LOSSES[cfg.policy_loss](
+        log_probs=lp, old_log_probs=old_logprobs, advantages=advantages, mask=mask, agg_mode=cfg.agg_mode,
+        clip_low=cfg.clip_low, clip_high=cfg.clip_high, clip_c=cfg.clip_c, is_weights=is_weights,
+        denominator=denom, norm_constant=cfg.norm_constant)
+    m = dict(m)
+    with torch.no_grad():
+        m["entropy"] = float((ent * mask).sum() / mask.sum().clamp(min=1))
+    if cfg.entropy_coef > 0:
+        loss = loss - cfg.entropy_coef * aggregate(ent, mask, cfg.agg_mode, denominator=denom,
+                                                   norm_constant=cfg.norm_constant)
+    if ref_logprobs is not None and cfg.kl_mode == "loss":
+        kl = kl_penalty(lp, ref_logprobs, mask, cfg.kl_estimator)
+        loss = loss + kl_ctl.value * aggregate(kl, mask, cfg.agg_mode, denominator=denom,
+                                               norm_constant=cfg.norm_constant)
+        m["kl"] = float(kl.detach().sum() / mask.sum().clamp(min=1))
+    return loss, m
+
+
+def rl_update(engines: E.Engines, prep: Prepared, cfg: TrainConfig, kl_ctl, *, seed: int,
+              train_actor: bool = True) -> dict[str, float]:
+    """cfg.epochs passes of shuffled mini-batches: the policy loss (+ entropy bonus, + KL loss) on the actor,
+    the value loss on the critic (ppo)."""
+    batch, meter, t0 = prep.batch, Meter(), time.perf_counter()
+    w_of = lambda sub: sub.input_ids.shape[1]  # noqa: E731
+    loss_kw = dict(agg_mode=cfg.agg_mode, norm_constant=cfg.norm_constant)
+
+    def actor_loss(sub: Batch, idx: list[int], denom: float):
+        w = w_of(sub)
+        lp, ent = E.forward_logprobs(engines.actor, sub.input_ids, sub.attention_mask,
+                                     temperature=cfg.temperature, entropy=True)
+        return actor_loss_terms(lp, ent, sub.loss_mask.to(E.device()), cfg, kl_ctl, denom,
+                                old_logprobs=_take(prep.old_logprobs, idx, w),
+                                advantages=_take(prep.advantages, idx, w),
+                                is_weights=_take(prep.is_weights, idx, w),
+                                ref_logprobs=_take(prep.ref_logprobs, idx, w))
+
+    def critic_loss(sub: Batch, idx: list[int], denom: float):
+        w, mask = w_of(sub), sub.loss_mask.to(E.device())
+        v = E.forward_values(engines.critic, sub.input_ids, sub.attention_mask)
+        return VALUE_LOSSES[cfg.value_loss](values=v, old_values=_take(prep.values, idx, w),
+                                            returns=_take(prep.returns, idx, w), mask=mask, clip_eps=cfg.value_clip,
+                                            denominator=denom, **loss_kw)
+
+    gen = torch.Generator().manual_seed(seed)
+    tokens = 0
+    signal = (prep.advantages * batch.loss_mask != 0).any(-1)
+    actor_rows = set(range(batch.size))
+    if cfg.drop_zero_advantage:
+        actor_rows = set(signal.nonzero()[:, 0].tolist())
+    meter.add("actor_sequences", len(actor_rows))
+    for _ in range(cfg.epochs):
+        perm = torch.randperm(batch.size, generator=gen).tolist()
+        if engines.critic is not None:
+            for start in range(0, batch.size, cfg.minibatch_size):
+                rows = perm[start:start + cfg.minibatch_size]
+                minibatch_step(engines.critic, batch, rows, cfg, engines, critic_loss, meter, prefix="critic_")
+        kept = [i for i in perm if i in actor_rows] if train_actor else []
+        for start in range(0, len(kept), cfg.minibatch_size):
+            rows = kept[start:start + cfg.minibatch_size]
+            minibatch_step(engines.actor, batch, rows, cfg, engines, actor_loss, meter)
+            tokens += int(batch.attention_mask[torch.as_tensor(rows)].sum())
+    out = meter.result()
+    if prep.ref_logprobs is not None and cfg.kl_mode == "loss" and "kl" in out:
+        kl_ctl.update(out["kl"], batch.size)
+    out["kl_coef"] = float(kl_ctl.value) if prep.ref_logprobs is not None else 0.0
+    out["train_tokens_per_s"] = tokens / max(time.perf_counter() - t0, 1e-9)
+    return out
+
+
+def sft_loss(engines: E.Engines, cfg: TrainConfig):
+    """The SFT micro-batch loss: cross-entropy (minus log-likelihood) on response tokens only."""
+
+    def loss_fn(sub: Batch, idx: list[int], denom: float):
+        mask = sub.loss_mask.to(E.device())
+        lp, _ = E.forward_logprobs(engines.actor, sub.input_ids, sub.attention_mask)
+        loss = aggregate(-lp, mask, cfg.agg_mode, denominator=denom, norm_constant=cfg.norm_constant)
+        with torch.no_grad():
+            nll = float((-lp * mask).sum() / mask.sum().clamp(min=1))
+        return loss, {"nll": nll}
+
+    return loss_fn
+
+
+def sft_update(engines: E.Engines, batch: Batch, rows: list[int], cfg: TrainConfig) -> dict[str, float]:
+    """One SFT optimizer step over the mini-batch `rows`."""
+    meter = Meter()
+    minibatch_step(engines.actor, batch, rows, cfg, engines, sft_loss(engines, cfg), meter)
+    return meter.result()
