@@ -152,3 +152,21 @@ def test_resume_after_a_kill(model, tmp_path):
                                  "GROUP BY run_id").iter_rows())
         assert counts == {"r1/it-1": 4, "r1/it-2": 4, "r1/it-3": 4}  # the cut iteration was not replayed twice
         assert lake.query("SELECT status FROM runs WHERE run_id = 'r1'")[0, 0] == "finished"
+
+
+def test_module_entry_point(model, tmp_path, capsys):
+    """`python -m trajlake.train --config PATH [--algo sft]`: what the CLI and the launchers run."""
+    from trajlake.train.__main__ import main
+
+    lake_uri = str(tmp_path / "lake")
+    with Lake.open(lake_uri) as lk:
+        collect(CollectConfig(env="doors", policy="scripted:doors", tokenizer=str(model), tasks=4, difficulty=1,
+                              template="action", run_id="expert", progress=False), lk)
+    cfg = tmp_path / "c.toml"
+    cfg.write_text(f'model = "{model}"\nalgo = "grpo"\nsft_steps = 2\nminibatch_size = 4\nmicro_batch = 4\n'
+                   f'progress = false\ncheckpoint_dir = "{tmp_path / "ckpt"}"\n')
+    assert main(["--config", str(cfg), "--algo", "sft", "--run-id", "cli-sft", "--lake", lake_uri]) == 0
+    assert "run cli-sft: step 2, policy cli-sft/step-2" in capsys.readouterr().out
+    cfg.write_text(f'model = "{model}"\nlearning_rate = 1\n')
+    assert main(["--config", str(cfg), "--lake", lake_uri]) == 1
+    assert "learning_rate" in capsys.readouterr().err
