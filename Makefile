@@ -13,7 +13,7 @@ export DS_ACCELERATOR ?= cpu
 
 SMOLLM2 ?= models/smollm2
 
-.PHONY: setup setup-smollm2 test test-slow test-all demo collect rewards train envs sql snapshots maintain lint clean
+.PHONY: setup setup-smollm2 test test-slow test-all demo collect rewards train train-warmstart envs sql snapshots maintain lint clean
 
 setup: $(STAMP)
 
@@ -58,10 +58,21 @@ SPEC ?=
 rewards: setup
 	$(TRAJLAKE) --lake $(LAKE) rewards $(if $(SPEC),--spec $(SPEC),)
 
-# A small default: SFT warm start on scripted-expert doors episodes, then GRPO iterations on the tiny model.
+# A small default on the embedded lake, in three idempotent steps (a re-run resumes or skips what is done):
+# scripted-expert doors episodes into the store, an SFT warm start on them (run sft-doors), then GRPO
+# iterations that collect with the current policy, score, update and checkpoint (run grpo-doors).
+# PPO with a critic: make train TRAIN_CONFIG=train/configs/ppo-doors.toml. NPROC=2: two DeepSpeed processes.
 TRAIN_CONFIG ?= train/configs/grpo-doors.toml
-train: setup $(MODEL)/model.safetensors
-	$(TRAJLAKE) --lake $(LAKE) train --config $(TRAIN_CONFIG)
+NPROC ?= 1
+DOORS_PROMPT := Open the door with the key. Reply: open COLOR.
+TRAIN_LAUNCH = $(if $(filter 1,$(NPROC)),$(PY) -m trajlake.train,$(VENV)/bin/deepspeed --num_gpus $(NPROC) --module trajlake.train)
+train-warmstart: setup $(MODEL)/model.safetensors
+	$(TRAJLAKE) --lake $(LAKE) collect --env doors --policy scripted:doors --tokenizer $(MODEL) --difficulty 1 \
+		--tasks 256 --max-turns 1 --template plain --system-prompt "$(DOORS_PROMPT)" --run-id expert-doors
+	$(TRAJLAKE) --lake $(LAKE) train --config train/configs/sft-doors.toml --model $(MODEL)
+
+train: train-warmstart
+	$(TRAIN_LAUNCH) --lake $(LAKE) --config $(TRAIN_CONFIG)
 
 envs: setup
 	$(TRAJLAKE) envs
@@ -79,4 +90,4 @@ lint: setup
 	$(VENV)/bin/ruff check .
 
 clean:
-	rm -rf $(LAKE) lake_data models reports
+	rm -rf $(LAKE) lake_data models reports checkpoints

@@ -6,6 +6,7 @@ readable line and exit non-zero; `--debug` shows the traceback instead.
 
 from __future__ import annotations
 
+import dataclasses
 import sys
 from pathlib import Path
 from typing import Optional
@@ -115,6 +116,7 @@ def collect(
     policy: str = typer.Option(..., "--policy", help="hf:PATH, vllm:PATH, openai:URL#MODEL, scripted:ENV, policy:ID"),
     split: str = typer.Option("train", "--split"),
     tasks: int = typer.Option(32, "--tasks", help="How many tasks of the split."),
+    task_offset: int = typer.Option(0, "--task-offset", help="Skip this many tasks of the split first."),
     samples: int = typer.Option(1, "--samples", help="Samples per task (a GRPO group)."),
     difficulty: Optional[int] = typer.Option(None, "--difficulty"),
     max_turns: int = typer.Option(10, "--max-turns"),
@@ -125,6 +127,8 @@ def collect(
     top_p: float = typer.Option(1.0, "--top-p"),
     max_new_tokens: int = typer.Option(48, "--max-new-tokens"),
     template: str = typer.Option("think_action", "--template", help="think_action, action, react or plain."),
+    system_prompt: Optional[str] = typer.Option(
+        None, "--system-prompt", help="System message [default: built from the env and the template]."),
     tokenizer: Optional[str] = typer.Option(None, "--tokenizer", help="Tokenizer for text policies."),
     seed: int = typer.Option(0, "--seed"),
     env_url: Optional[str] = typer.Option(None, "--env-url", help="AgentGym server URL (with --env agentgym)."),
@@ -132,6 +136,7 @@ def collect(
 ) -> None:
     """Play episodes with a policy and store them, token for token."""
     from trajlake.collect.config import CollectConfig
+    from trajlake.collect.policies import resolve_policy_spec
     from trajlake.collect.rollout import collect as run_collect
     from trajlake.collect.summary import print_summary
 
@@ -139,12 +144,14 @@ def collect(
     if env == "agentgym" and not env_url:
         raise TrajlakeError("--env agentgym needs --env-url URL of an AgentGym env server")
     config = CollectConfig(
-        env=env, policy=policy, split=split, tasks=tasks, samples=samples, difficulty=difficulty,
+        env=env, policy=policy, split=split, tasks=tasks, task_offset=task_offset, samples=samples,
+        difficulty=difficulty, system_prompt=system_prompt,
         max_turns=max_turns, run_id=run_id, workers=workers, concurrency=concurrency, temperature=temperature,
         top_p=top_p, max_new_tokens=max_new_tokens, template=template, tokenizer=tokenizer, seed=seed,
         env_kwargs=env_kwargs,
     )
     with open_lake() as lake:
+        config = dataclasses.replace(config, policy=resolve_policy_spec(lake, policy))
         rid = run_collect(config, lake)
         print_summary(lake, rid)
 
@@ -224,17 +231,62 @@ def train(
     config: Path = typer.Option(..., "--config", help="Train config TOML (see train/configs/)."),
     algo: Optional[str] = typer.Option(None, "--algo", help="Override the config's algo: grpo, ppo or sft."),
     run_id: Optional[str] = typer.Option(None, "--run-id", help="Override the run id (the same id resumes)."),
+    model: Optional[str] = typer.Option(None, "--model", help="Override the starting model: DIR, policy:ID, run:ID."),
+    iterations: Optional[int] = typer.Option(None, "--iterations", help="Override the config's iterations."),
 ) -> None:
     """Train from the store: SFT warm start, or GRPO/PPO iterations that collect, score and update."""
     from trajlake.train.config import load_config
     from trajlake.train.loop import run
 
-    cfg = load_config(config, algo=algo, run_id=run_id)
+    cfg = load_config(config, algo=algo, run_id=run_id, model=model, iterations=iterations)
     result = run(cfg, State.lake_uri)
     display.console.print(f"run {result.run_id}: step {result.step}, policy {result.policy_id}")
 
 
-@import_app.command("agentgym")
+@app.command()
+def evaluate(
+    policy: list[str] = typer.Option(..., "--policy", help="Policy spec to evaluate; repeat to compare several."),
+    env: str = typer.Option(..., "--env", help="Env to play (see `trajlake envs`)."),
+    split: str = typer.Option("test", "--split", help="Held-out split."),
+    tasks: int = typer.Option(50, "--tasks"),
+    samples: int = typer.Option(1, "--samples", help="Samples per task (pass@k needs k <= samples)."),
+    greedy: bool = typer.Option(False, "--greedy", help="Greedy decoding (needs --samples 1)."),
+    temperature: float = typer.Option(1.0, "--temperature"),
+    difficulty: Optional[int] = typer.Option(None, "--difficulty"),
+    max_turns: int = typer.Option(10, "--max-turns"),
+    max_new_tokens: int = typer.Option(48, "--max-new-tokens"),
+    template: str = typer.Option("think_action", "--template", help="The template the policy was trained with."),
+    system_prompt: Optional[str] = typer.Option(None, "--system-prompt"),
+    tokenizer: Optional[str] = typer.Option(None, "--tokenizer", help="Tokenizer for text policies."),
+    spec: Optional[Path] = typer.Option(None, "--spec", help="Reward spec for the reward columns."),
+    k: list[int] = typer.Option([1], "--k", help="pass@k values (repeatable); --samples is always added."),
+    seed: int = typer.Option(0, "--seed"),
+) -> None:
+    """Play held-out tasks with each policy, store them (run kind eval) and report success, pass@k, reward,
+    turns, format errors and tokens per episode, per env and difficulty, with 95% intervals."""
+    import polars as pl
+
+    from trajlake.evaluate.metrics import format_summary
+    from trajlake.evaluate.run import EvalConfig
+    from trajlake.evaluate.run import evaluate as run_eval
+
+    cfg = EvalConfig(policies=tuple(policy), env=env, split=split, tasks=tasks, samples=samples, greedy=greedy,
+                     temperature=temperature, difficulty=difficulty, max_turns=max_turns,
+                     max_new_tokens=max_new_tokens, template=template, system_prompt=system_prompt,
+                     tokenizer=tokenizer, spec=str(spec) if spec else None, ks=tuple(k), seed=seed)
+    with open_lake() as lake:
+        result = run_eval(cfg, lake)
+    for p, rid in result.runs.items():
+        display.console.print(f"{p}: eval run {rid}")
+    table = format_summary(result.summary)
+    label = pl.col("policy") + pl.when(pl.col("difficulty") == "all").then(pl.lit("")).otherwise(
+        " (difficulty " + pl.col("difficulty") + ")")
+    display.emit_vertical(table.with_columns(label.alias("policy")).drop("difficulty"), key="policy")
+    for note in result.notes:
+        display.console.print(note)
+
+
+
 def import_agentgym(
     paths: list[Path] = typer.Argument(..., help="Parquet, JSON or JSONL files in OpenManus-RL/AgentGym format."),
     tokenizer: Path = typer.Option(..., "--tokenizer", help="Tokenizer folder (a model saved with save_pretrained)."),

@@ -8,6 +8,7 @@ from typing import Any
 from trajlake.collect.templates import TEMPLATES
 from trajlake.store.errors import TrajlakeError
 
+RUN_KINDS = ("collect", "eval")
 TRUNCATION = ("stop",)
 FORMAT_FALLBACKS = ("raw", "empty")
 
@@ -23,7 +24,9 @@ class CollectConfig:
     split: str = "train"
     """Task split: train, val or test."""
     tasks: int = 32
-    """How many tasks of the split to play (the first N, difficulties interleaved)."""
+    """How many tasks of the split to play (the first N after `task_offset`, difficulties interleaved)."""
+    task_offset: int = 0
+    """Skip this many tasks of the split first (the train loop moves on through the split every iteration)."""
     samples: int = 1
     """Samples per task (K); the K episodes of a task share a group_id (GRPO groups)."""
     difficulty: int | None = None
@@ -65,10 +68,16 @@ class CollectConfig:
     """Extra arguments for the env's constructor (e.g. url and variant for agentgym)."""
     progress: bool = True
     """Show a progress bar and a summary table."""
+    run_kind: str = "collect"
+    """The `runs.kind` recorded: `collect`, or `eval` for held-out evaluation (trajlake evaluate, train evals)."""
+    parent_run_id: str | None = None
+    """The run this one belongs to (a train run for its rollouts and evals), recorded in `runs`."""
 
     def __post_init__(self):
         checks = [
             (self.tasks >= 1, f"tasks must be >= 1, got {self.tasks}"),
+            (self.task_offset >= 0, f"task_offset must be >= 0, got {self.task_offset}"),
+            (self.run_kind in RUN_KINDS, f"unknown run_kind {self.run_kind!r}; valid: {', '.join(RUN_KINDS)}"),
             (self.samples >= 1, f"samples must be >= 1, got {self.samples}"),
             (self.max_turns >= 1, f"max_turns must be >= 1, got {self.max_turns}"),
             (self.concurrency >= 1, f"concurrency must be >= 1, got {self.concurrency}"),

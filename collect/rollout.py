@@ -96,15 +96,18 @@ class Rollout:
     # ---- setup ---------------------------------------------------------------------------------
     def _tasks(self) -> list[Task]:
         c = self.config
-        return self.probe_env.tasks(c.split, n=c.tasks, difficulty=c.difficulty)
+        tasks = self.probe_env.tasks(c.split, n=c.task_offset + c.tasks, difficulty=c.difficulty)[c.task_offset:]
+        if not tasks:
+            raise TrajlakeError(f"env {c.env} split {c.split!r} has no tasks after task_offset {c.task_offset}")
+        return tasks
 
     def _register(self, tasks: list[Task]) -> None:
         """Write the run, the policy and the tasks (idempotent: a resumed run adds nothing)."""
         p = self.policy
         rows: dict[str, list] = {
-            "runs": [Run(self.run_id, "collect", config={**self.config.to_dict(), "exact_tokens": p.exact_tokens,
-                                                         "system_prompt": self.system},
-                         status="running", started_at=now())],
+            "runs": [Run(self.run_id, self.config.run_kind,
+                         config={**self.config.to_dict(), "exact_tokens": p.exact_tokens, "system_prompt": self.system},
+                         status="running", started_at=now(), parent_run_id=self.config.parent_run_id)],
             "tasks": tasks,
         }
         if not self.config.policy.startswith("policy:"):

@@ -13,6 +13,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--algo", choices=("grpo", "ppo", "sft"), help="override the config's algo")
     p.add_argument("--lake", default=None, help="lake URI (default: $TRAJLAKE_LAKE or ./lake)")
     p.add_argument("--run-id", default=None, help="override the config's run_id (the same id resumes)")
+    p.add_argument("--model", default=None, help="override the starting model: DIR, policy:ID or run:ID")
+    p.add_argument("--iterations", type=int, default=None, help="override the config's iterations")
     p.add_argument("--local_rank", type=int, default=None, help=argparse.SUPPRESS)  # the deepspeed launcher's
     args = p.parse_args(argv)
     from trajlake.store import TrajlakeError
@@ -20,7 +22,8 @@ def main(argv: list[str] | None = None) -> int:
     from trajlake.train.loop import run
 
     try:
-        cfg = load_config(args.config, algo=args.algo, run_id=args.run_id)
+        cfg = load_config(args.config, algo=args.algo, run_id=args.run_id, model=args.model,
+                          iterations=args.iterations)
         result = run(cfg, args.lake)
     except TrajlakeError as e:
         print(f"error: {e}", file=sys.stderr)

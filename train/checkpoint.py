@@ -128,6 +128,15 @@ def last_checkpoint(lake: Lake, run_id: str) -> Resume | None:
 
 def resolve_model(lake: Lake | None, model: str) -> tuple[str, str, str, bool]:
     """(checkpoint folder, policy id, base model, needs a policies row) of a config's `model`."""
+    if model.startswith("run:"):
+        rid = model.split(":", 1)[1]
+        if lake is None:
+            raise TrajlakeError(f"{model} needs a lake to look it up in")
+        last = last_checkpoint(lake, rid)
+        if last is None:
+            raise TrajlakeError(f"train run {rid!r} has no checkpoint in the store yet (run it first, or see "
+                                "trajlake sql 'SELECT run_id, policy_id FROM policies')")
+        model = f"policy:{last.policy_id}"
     if model.startswith("policy:"):
         pid = model.split(":", 1)[1]
         if lake is None:

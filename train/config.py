@@ -33,7 +33,8 @@ class TrainConfig:
 
     # ---- what and from where -----------------------------------------------------------------------
     model: str
-    """Starting point: a model folder (save_pretrained layout) or `policy:ID` (a checkpoint in the store)."""
+    """Starting point: a model folder (save_pretrained layout), `policy:ID` (a checkpoint in the store) or
+    `run:RUN_ID` (the last checkpoint of that train run, e.g. `run:sft-doors` after the warm start)."""
     algo: str = "grpo"
     """grpo (group-relative advantages, no critic), ppo (GAE with a critic) or sft (cross-entropy on a
     filtered store query; `sft_filter`, `sft_steps`)."""
@@ -53,6 +54,9 @@ class TrainConfig:
     """Only tasks of this difficulty (None: all interleaved)."""
     tasks: int = 16
     """Tasks per iteration."""
+    rotate_tasks: bool = True
+    """Iteration i plays tasks [i * tasks, (i + 1) * tasks) of the split, so no two iterations repeat a task
+    (OpenManus-RL replays the same ones every step); False plays the first `tasks` every iteration."""
     samples: int = 4
     """Samples per task: the group size K of GRPO (>= 2 for grpo, else every advantage is 0)."""
     iterations: int = 10

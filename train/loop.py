@@ -109,17 +109,18 @@ def _in_memory_policy(engines: E.Engines, policy_id: str, path: str):
 
 
 def _collect(r: _Run, engines: E.Engines, policy_id: str, path: str, *, run_id: str, split: str, tasks: int,
-             samples: int, temperature: float, seed: int) -> str:
+             samples: int, temperature: float, seed: int, task_offset: int = 0, kind: str = "collect") -> str:
     """Rank 0 plays episodes with the actor into the store; returns the collect run id."""
     from trajlake.collect.config import CollectConfig
     from trajlake.collect.rollout import collect
 
     c = r.cfg
-    cc = CollectConfig(env=c.env, policy=f"policy:{policy_id}", split=split, tasks=tasks, samples=samples,
+    cc = CollectConfig(env=c.env, policy=f"policy:{policy_id}", split=split, tasks=tasks, task_offset=task_offset,
+                       samples=samples,
                        difficulty=c.difficulty, max_turns=c.max_turns, run_id=run_id,
                        concurrency=min(c.concurrency, tasks * samples), temperature=temperature, top_p=c.top_p,
                        max_new_tokens=c.max_new_tokens, seed=seed, template=c.template,
-                       system_prompt=c.system_prompt, progress=False)
+                       system_prompt=c.system_prompt, progress=False, run_kind=kind, parent_run_id=r.run_id)
     policy = _in_memory_policy(engines, policy_id, path)
     engines.actor.eval()
     try:
@@ -134,7 +135,7 @@ def evaluate(r: _Run, engines: E.Engines, policy_id: str, path: str, step: int) 
     out = None
     if r.main:
         rid = _collect(r, engines, policy_id, path, run_id=f"{r.run_id}/eval-{step}", split=r.cfg.eval_split,
-                       tasks=r.cfg.eval_tasks, samples=1, temperature=0.0, seed=r.cfg.seed)
+                       tasks=r.cfg.eval_tasks, samples=1, temperature=0.0, seed=r.cfg.seed, kind="eval")
         row = r.lake.query("SELECT avg(success::INT) AS s, avg(env_reward) AS e FROM episodes WHERE run_id = ?",
                            [rid]).to_dicts()[0]
         out = {"eval_success": float(row["s"] or 0.0), "eval_env_reward": float(row["e"] or 0.0)}
@@ -170,7 +171,7 @@ def train(config: TrainConfig, lake: Lake | None) -> RunResult:
                 if r.main:
                     crun = _collect(r, engines, r.policy_id, r.model_path, run_id=f"{r.run_id}/it-{it + 1}",
                                     split=c.split, tasks=c.tasks, samples=c.samples, temperature=c.temperature,
-                                    seed=c.seed + it)
+                                    seed=c.seed + it, task_offset=it * c.tasks if c.rotate_tasks else 0)
                     where = f"run_id = {_sql_str(crun)}"
                     score(r.lake, spec, where=where, run_id=r.run_id)
                     snap = r.lake.current_snapshot()

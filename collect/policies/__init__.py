@@ -5,6 +5,7 @@
 - `openai:URL#MODEL`: any OpenAI-compatible chat endpoint.
 - `scripted:ENV` (or `scripted`): the env's scripted expert (with `agentgym`, ENV names the served env).
 - `policy:ID`: a checkpoint recorded in the store's policies table (loaded with transformers).
+- `run:RUN_ID`: the last checkpoint of a train run (`resolve_policy_spec` turns it into `policy:ID`).
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ KINDS = ("hf", "vllm", "openai", "scripted", "policy")
 def load_policy(spec: str, *, env: str, template: ActionTemplate, lake: Any = None,
                 tokenizer_path: str | Path | None = None) -> Policy:
     """Build the policy a spec string names (see the module docstring)."""
+    spec = resolve_policy_spec(lake, spec)
     kind, _, arg = spec.partition(":")
     if kind not in KINDS:
         raise TrajlakeError(f"unknown policy spec {spec!r}: use one of " + ", ".join(f"{k}:..." for k in KINDS))
@@ -53,6 +55,21 @@ def load_policy(spec: str, *, env: str, template: ActionTemplate, lake: Any = No
     from trajlake.collect.policies.openai import OpenAIPolicy
 
     return OpenAIPolicy(url, model, tokenizer=tokenizer)
+
+
+def resolve_policy_spec(lake: Any, spec: str) -> str:
+    """`run:RUN_ID` as `policy:ID` of that train run's last checkpoint; any other spec unchanged."""
+    if not spec.startswith("run:"):
+        return spec
+    rid = spec.split(":", 1)[1]
+    if lake is None:
+        raise TrajlakeError(f"{spec} needs a lake to look it up in")
+    rows = lake.query("SELECT policy_id FROM train_steps WHERE run_id = ? AND policy_id IS NOT NULL "
+                      "ORDER BY step DESC LIMIT 1", [rid])
+    if rows.height == 0:
+        raise TrajlakeError(f"train run {rid!r} has no checkpoint in the store "
+                            "(see: trajlake sql 'SELECT run_id, policy_id FROM policies')")
+    return f"policy:{rows['policy_id'][0]}"
 
 
 def checkpoint_of(lake: Any, policy_id: str) -> str:

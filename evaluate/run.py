@@ -1,0 +1,169 @@
+"""`trajlake evaluate`: play held-out tasks with one or more policies, store the episodes (run kind `eval`),
+score them with a reward spec, and summarise per policy, env and difficulty with confidence intervals.
+
+The store is the cache: an eval run's id is a hash of the policy and every setting, so evaluating the same
+policy the same way again reads the stored episodes (or finishes a run cut short) instead of replaying.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import asdict, dataclass, field
+
+import polars as pl
+
+from trajlake.evaluate.metrics import summarize
+from trajlake.store import Lake, TrajlakeError
+
+
+@dataclass(frozen=True)
+class EvalConfig:
+    """What `trajlake evaluate` plays and how it scores it."""
+
+    policies: tuple[str, ...]
+    """Policy specs to compare: hf:PATH, policy:ID, run:RUN_ID (a train run's last checkpoint), scripted:ENV..."""
+    env: str
+    """Env to play (`trajlake envs`)."""
+    split: str = "test"
+    """Held-out split: test (or val)."""
+    tasks: int = 50
+    """Tasks of the split (the first N at the difficulty)."""
+    samples: int = 1
+    """Samples per task; pass@k needs samples >= k."""
+    greedy: bool = False
+    """Greedy decoding (temperature 0); then samples must be 1 (greedy samples would all be the same)."""
+    temperature: float = 1.0
+    """Sampling temperature when not greedy."""
+    top_p: float = 1.0
+    """Nucleus sampling mass when not greedy."""
+    difficulty: int | None = None
+    """Only tasks of this difficulty (None: all, interleaved; the summary then has a row per difficulty)."""
+    max_turns: int = 10
+    """Turn cap per episode."""
+    max_new_tokens: int = 48
+    """Reply length cap per turn."""
+    template: str = "think_action"
+    """Action template (collect.templates); use the one the policy was trained with."""
+    system_prompt: str | None = None
+    """System message (None: built from the env and the template); use the one the policy was trained with."""
+    tokenizer: str | None = None
+    """Tokenizer folder for text policies (scripted, openai)."""
+    spec: str | None = None
+    """Reward spec TOML for the reward columns (None: the built-in default spec)."""
+    ks: tuple[int, ...] = (1,)
+    """The k of pass@k; values above `samples` are skipped (samples itself is always added)."""
+    confidence: float = 0.95
+    """Two-sided level of the confidence intervals."""
+    seed: int = 0
+    """Sampler seed."""
+    concurrency: int = 32
+    """Live episodes per batched generate call."""
+    progress: bool = True
+    """Show progress bars."""
+
+    def __post_init__(self):
+        checks = [
+            (len(self.policies) >= 1, "give at least one policy"),
+            (self.tasks >= 1, f"tasks must be >= 1, got {self.tasks}"),
+            (self.samples >= 1, f"samples must be >= 1, got {self.samples}"),
+            (not (self.greedy and self.samples > 1),
+             f"greedy decoding with samples = {self.samples} plays the same episode {self.samples} times; "
+             "drop --greedy or use --samples 1"),
+            (all(k >= 1 for k in self.ks), f"every k of pass@k must be >= 1, got {self.ks}"),
+            (0 < self.confidence < 1, f"confidence must be in (0, 1), got {self.confidence}"),
+            (len(set(self.policies)) == len(self.policies), f"a policy is given twice: {self.policies}"),
+        ]
+        for ok, message in checks:
+            if not ok:
+                raise TrajlakeError(f"evaluate: {message}")
+
+    @property
+    def pass_ks(self) -> list[int]:
+        return sorted({k for k in self.ks if k <= self.samples} | {1, self.samples})
+
+
+@dataclass
+class EvalResult:
+    """The eval run of each policy and the summary table (one row per policy, env and difficulty)."""
+
+    runs: dict[str, str]
+    summary: pl.DataFrame
+    spec_id: str
+    errors: int = 0
+    notes: list[str] = field(default_factory=list)
+
+
+def eval_run_id(config: EvalConfig, policy: str) -> str:
+    """`eval-<env>-<split>-<hash>`: the same policy evaluated the same way gets the same run (and its
+    stored episodes) back."""
+    settings = {k: v for k, v in asdict(config).items() if k not in ("policies", "progress", "concurrency", "ks",
+                                                                     "confidence", "spec")}
+    digest = hashlib.sha256(json.dumps([policy, settings], sort_keys=True).encode()).hexdigest()[:12]
+    return f"eval-{config.env}-{config.split}-{digest}"
+
+
+EPISODES_SQL = """
+SELECT e.episode_id, e.run_id, e.policy_id, e.env, e.task_id, e.status, e.success, r.total AS reward,
+       e.num_turns, e.num_agent_tokens AS agent_tokens,
+       coalesce(CAST(TRY_CAST(json_extract(t.meta, '$.difficulty') AS INTEGER) AS VARCHAR), '-') AS difficulty,
+       coalesce(f.format_errors, 0) AS format_errors, coalesce(f.turns_played, 0) AS turns_played
+FROM episodes e
+LEFT JOIN tasks t USING (task_id)
+LEFT JOIN (SELECT * FROM episode_rewards WHERE spec_id = ?) r USING (episode_id)
+LEFT JOIN (SELECT episode_id, count(*) FILTER (WHERE NOT format_ok) AS format_errors, count(*) AS turns_played
+           FROM turns GROUP BY episode_id) f USING (episode_id)
+WHERE e.run_id IN (SELECT unnest(?::VARCHAR[]))
+"""
+
+
+def _play(config: EvalConfig, lake: Lake, policy: str, run_id: str) -> None:
+    from trajlake.collect.config import CollectConfig
+    from trajlake.collect.rollout import collect
+
+    cc = CollectConfig(env=config.env, policy=policy, split=config.split, tasks=config.tasks,
+                       samples=config.samples, difficulty=config.difficulty, max_turns=config.max_turns,
+                       run_id=run_id, concurrency=config.concurrency,
+                       temperature=0.0 if config.greedy else config.temperature, top_p=config.top_p,
+                       max_new_tokens=config.max_new_tokens, template=config.template,
+                       system_prompt=config.system_prompt, tokenizer=config.tokenizer, seed=config.seed,
+                       progress=config.progress, run_kind="eval")
+    collect(cc, lake)
+
+
+def evaluate(config: EvalConfig, lake: Lake) -> EvalResult:
+    """Play (or reuse) an eval run per policy, score it, and summarise it."""
+    import trajlake.rewards  # noqa: F401 (registers the token_rewards view)
+    from trajlake.collect.policies import resolve_policy_spec
+    from trajlake.rewards import default_spec, load_spec
+    from trajlake.rewards.score import score
+
+    spec = load_spec(config.spec) if config.spec else default_spec()
+    runs: dict[str, str] = {}
+    for p in config.policies:
+        resolved = resolve_policy_spec(lake, p)
+        runs[p] = eval_run_id(config, resolved)
+        _play(config, lake, resolved, runs[p])
+    ids = list(runs.values())
+    where = "run_id IN (" + ", ".join("'" + r.replace("'", "''") + "'" for r in ids) + ")"
+    score(lake, spec, where=where, run_id=ids[0])
+    eps = lake.query(EPISODES_SQL, [spec.spec_id, ids])
+    errors = int((eps["status"] == "error").sum())
+    eps = eps.filter(pl.col("status") != "error")
+    if eps.height == 0:
+        raise TrajlakeError(f"evaluate: no episode finished without an env error in runs {', '.join(ids)}")
+    names = {v: k for k, v in runs.items()}
+    rank = {rid: i for i, rid in enumerate(ids)}  # rows in the order the policies were given
+    eps = eps.with_columns(pl.col("run_id").replace_strict(names).alias("policy"),
+                           pl.col("run_id").replace_strict(rank).alias("_rank")).sort("_rank", "difficulty", "task_id",
+                                                                                     "episode_id")
+    overall = summarize(eps.with_columns(pl.lit("all").alias("difficulty")), ["policy", "env", "difficulty"],
+                        config.pass_ks, config.confidence)
+    per_level = summarize(eps, ["policy", "env", "difficulty"], config.pass_ks, config.confidence)
+    levels = per_level["difficulty"].n_unique() if per_level.height else 0
+    table = pl.concat([overall, per_level], how="diagonal_relaxed") if levels > 1 else overall
+    notes = [f"{errors} episode(s) ended with an env error and are left out"] if errors else []
+    return EvalResult(runs=runs, summary=table, spec_id=spec.spec_id, errors=errors, notes=notes)
+
+
+__all__ = ["EvalConfig", "EvalResult", "evaluate", "eval_run_id"]
