@@ -1,0 +1,265 @@
+"""`build_report`: one self-contained HTML page (plus PNG plots beside it) over everything in a lake.
+
+Sections: the runs in the store, learning curves of train runs, KL and entropy over training, reward
+distributions per spec, turns per episode per env, and a side-by-side table of the policies' eval runs.
+Every number is the result of one query over the store, read at one pinned snapshot, and the page shows
+each query next to its plot or table, so `trajlake sql -s SNAPSHOT "..."` gives the same numbers back.
+A section with no data yet says what produces it instead of plotting.
+"""
+
+from __future__ import annotations
+
+import html
+import math
+import re
+from datetime import datetime, timezone
+from pathlib import Path
+
+import polars as pl
+from matplotlib.backends.backend_agg import FigureCanvasAgg
+from matplotlib.figure import Figure
+from matplotlib.ticker import MaxNLocator
+
+from trajlake.store import Lake, TrajlakeError
+
+# `{runs}` becomes a filter on the run ids given to build_report (nothing when every run is shown).
+RUNS_SQL = """
+SELECT r.kind, count(DISTINCT r.run_id) AS runs,
+       count(DISTINCT r.run_id) FILTER (WHERE r.status = 'finished') AS finished,
+       count(e.episode_id) AS episodes, round(avg(e.success::INT), 3) AS success_rate
+FROM runs r LEFT JOIN episodes e USING (run_id)
+GROUP BY r.kind ORDER BY r.kind"""
+
+LEARNING_SQL = """
+SELECT s.run_id, s.step,
+       TRY_CAST(s.metrics->>'iteration' AS INTEGER) AS iteration,
+       TRY_CAST(s.metrics->>'success_mean' AS DOUBLE) AS success,
+       TRY_CAST(s.metrics->>'reward_mean' AS DOUBLE) AS reward,
+       TRY_CAST(s.metrics->>'eval_success' AS DOUBLE) AS eval_success
+FROM train_steps s{runs}
+ORDER BY s.run_id, s.step"""
+
+KL_SQL = """
+SELECT s.run_id, s.step,
+       TRY_CAST(s.metrics->>'kl' AS DOUBLE) AS kl,
+       TRY_CAST(s.metrics->>'entropy' AS DOUBLE) AS entropy,
+       TRY_CAST(s.metrics->>'pg_clipfrac' AS DOUBLE) AS clip_fraction
+FROM train_steps s{runs}
+ORDER BY s.run_id, s.step"""
+
+REWARDS_SQL = """
+SELECT coalesce(s.name, '?') || ' (' || left(r.spec_id, 8) || ')' AS spec, r.total
+FROM episode_rewards r LEFT JOIN reward_specs s USING (spec_id)
+WHERE r.total IS NOT NULL
+ORDER BY s.created_at, spec"""
+
+TURNS_SQL = """
+SELECT env, num_turns, count(*) AS episodes
+FROM episodes
+WHERE num_turns IS NOT NULL
+GROUP BY env, num_turns ORDER BY env, num_turns"""
+
+POLICIES_SQL = """
+WITH ev AS (
+    SELECT e.* FROM episodes e JOIN runs r USING (run_id)
+    WHERE r.kind = 'eval'{runs}
+), per_episode AS (
+    SELECT episode_id, count(*) AS turns, count(*) FILTER (WHERE NOT format_ok) AS format_errors,
+           sum(len(prompt_token_ids) + len(response_token_ids)) AS tokens
+    FROM turns WHERE episode_id IN (SELECT episode_id FROM ev) GROUP BY episode_id
+)
+SELECT ev.env, ev.policy_id, count(*) AS episodes,
+       round(avg(ev.success::INT), 3) AS success_rate,
+       round(avg(ev.env_reward), 3) AS mean_env_reward,
+       round(avg(ev.num_turns), 2) AS mean_turns,
+       round(sum(p.format_errors) / sum(p.turns), 3) AS format_error_rate,
+       round(avg(p.tokens), 1) AS tokens_per_episode,
+       round(avg(ev.num_agent_tokens), 1) AS agent_tokens_per_episode
+FROM ev LEFT JOIN per_episode p USING (episode_id)
+GROUP BY ev.env, ev.policy_id
+ORDER BY ev.env, success_rate DESC, ev.policy_id"""
+
+#: id -> (title, what it shows, SQL, what produces its data); the order of the page.
+SECTIONS: dict[str, tuple[str, str, str, str]] = {
+    "runs": ("Runs in the store", "Runs of each kind, with their episodes.", RUNS_SQL,
+             "any run: `trajlake collect`, `trajlake import-agentgym`, `trajlake train` or `trajlake evaluate`"),
+    "learning": ("Learning curves", "Per train run, over steps (policy versions): the success rate and mean "
+                 "reward of each iteration's batch, and held-out eval success (markers) where it was measured.",
+                 LEARNING_SQL, "train steps with success/reward metrics, from `trajlake train` (GRPO or PPO)"),
+    "kl": ("KL and entropy over training", "Per train run: KL to the reference policy, mean token entropy of "
+           "the policy and the share of clipped tokens, per step.",
+           KL_SQL, "train steps with kl/entropy metrics, from `trajlake train` (GRPO or PPO)"),
+    "rewards": ("Reward distributions per spec", "Episode totals under each reward spec (name and id).",
+                REWARDS_SQL, "episode rewards, from `trajlake rewards --spec SPEC.toml`"),
+    "turns": ("Turns per episode", "How many turns episodes took, per env.", TURNS_SQL,
+              "episodes, from `trajlake collect` or `trajlake evaluate`"),
+    "policies": ("Policies side by side (eval runs)", "Episodes of eval runs, per env and policy: success "
+                 "rate, mean env reward, mean turns, share of replies without a valid action, and tokens "
+                 "(prompt + response, and agent tokens alone) per episode.",
+                 POLICIES_SQL, "eval runs (runs.kind = 'eval'), from `trajlake evaluate`"),
+}
+#: the sections the `runs` argument filters: the keyword their filter starts with, and the columns it checks
+FILTERED = {"learning": ("WHERE", ("s.run_id",)), "kl": ("WHERE", ("s.run_id",)),
+            "policies": ("AND", ("r.run_id", "r.parent_run_id"))}
+
+STYLE = """
+body { font-family: system-ui, sans-serif; max-width: 1100px; margin: 2em auto; padding: 0 1em; color: #222; }
+h2 { border-bottom: 1px solid #ddd; padding-bottom: .2em; margin-top: 2em; }
+pre { background: #f6f8fa; padding: .8em; overflow-x: auto; font-size: 85%; }
+table { border-collapse: collapse; font-size: 90%; } th, td { border: 1px solid #ccc; padding: .25em .6em; }
+th { background: #f0f0f0; } td.num { text-align: right; } img { max-width: 100%; }
+.empty { color: #8a6d3b; background: #fcf8e3; padding: .6em; } .meta { color: #666; }
+"""
+
+
+def build_report(lake: Lake, out_dir, runs: list[str] | None = None) -> Path:
+    """Write `out_dir/index.html` and its PNG plots; returns the HTML file's path.
+
+    `runs` restricts the train-run plots and the eval table to those run ids (an eval run also counts when
+    its parent run is listed); None or empty shows every run. Raises TrajlakeError for an out_dir that
+    cannot be a folder and for run ids the lake does not have.
+    """
+    out = Path(out_dir)
+    if out.exists() and not out.is_dir():
+        raise TrajlakeError(f"report folder {out} is a file; pass a folder (it is created if missing)")
+    snap = lake.current_snapshot()
+    runs = list(dict.fromkeys([runs] if isinstance(runs, str) else runs or []))
+    if runs:
+        known = set(lake.query(f"SELECT run_id FROM runs WHERE run_id IN ({_literals(runs)})", snapshot=snap)["run_id"])
+        unknown = [r for r in runs if r not in known]
+        if unknown:
+            raise TrajlakeError(f"unknown run id(s): {', '.join(unknown)} (list them with "
+                                "trajlake sql \"SELECT run_id, kind, started_at FROM runs ORDER BY started_at\")")
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise TrajlakeError(f"cannot create report folder {out}: {e.strerror or e}") from None
+
+    parts = []
+    for key, (title, what, sql, producer) in SECTIONS.items():
+        sql = sql.strip().replace("{runs}", _run_filter(runs, *FILTERED.get(key, ("", ()))))
+        df = lake.query(sql, snapshot=snap)
+        (out / f"{key}.png").unlink(missing_ok=True)  # a plot left by an earlier report into this folder
+        body = RENDER[key](df, out / f"{key}.png") if df.height else None
+        if body is None:
+            body = f'<p class="empty">no data yet: {_code(html.escape(producer))}</p>'
+        parts.append(f'<section id="{key}"><h2>{html.escape(title)}</h2><p>{html.escape(what)}</p>\n{body}\n'
+                     f"<p class=\"meta\">query:</p><pre>{html.escape(sql)}</pre></section>")
+    nav = " · ".join(f'<a href="#{k}">{html.escape(t[0])}</a>' for k, t in SECTIONS.items())
+    shown = ", ".join(runs) if runs else "all"
+    when = datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+    page = (f"<!doctype html>\n<html><head><meta charset=\"utf-8\"><title>trajlake report</title>"
+            f"<style>{STYLE}</style></head><body>\n<h1>trajlake report</h1>\n"
+            f"<p class=\"meta\">Lake snapshot {snap} (rerun any query with <code>trajlake sql -s {snap} \"...\""
+            f"</code>) · runs: {html.escape(shown)} · generated {when}</p>\n<nav>{nav}</nav>\n"
+            + "\n".join(parts) + "\n</body></html>\n")
+    index = out / "index.html"
+    index.write_text(page, encoding="utf-8")
+    return index
+
+
+def _code(text: str) -> str:
+    return re.sub(r"`([^`]+)`", r"<code>\1</code>", text)
+
+
+# ---- SQL helpers ---------------------------------------------------------------------------------
+def _literals(values: list[str]) -> str:
+    return ", ".join("'" + v.replace("'", "''") + "'" for v in values)
+
+
+def _run_filter(runs: list[str], keyword: str, columns: tuple[str, ...]) -> str:
+    if not runs or not columns:
+        return ""
+    lits, sep = _literals(runs), "\n" if keyword == "WHERE" else " "
+    return f"{sep}{keyword} (" + " OR ".join(f"{c} IN ({lits})" for c in columns) + ")"
+
+
+# ---- renderers: a DataFrame -> HTML (None when nothing in it can be shown) -----------------------------
+def _table(df: pl.DataFrame, _png: Path | None = None) -> str:
+    head = "".join(f"<th>{html.escape(c)}</th>" for c in df.columns)
+    rows = []
+    for row in df.iter_rows():
+        cells = "".join(
+            f'<td class="num">{v}</td>' if isinstance(v, int | float) and not isinstance(v, bool)
+            else f"<td>{html.escape('' if v is None else str(v))}</td>"
+            for v in row
+        )
+        rows.append(f"<tr>{cells}</tr>")
+    return f"<table><tr>{head}</tr>\n" + "\n".join(rows) + "</table>"
+
+
+def _save(fig: Figure, png: Path) -> str:
+    fig.tight_layout()
+    FigureCanvasAgg(fig).print_png(str(png))
+    return f'<img src="{html.escape(png.name)}" alt="{html.escape(png.stem)}">'
+
+
+def _series(df: pl.DataFrame, column: str):
+    """(run_id, steps, values) per run with at least one value in `column`."""
+    for (run_id,), g in df.group_by("run_id", maintain_order=True):
+        g = g.filter(pl.col(column).is_not_null())
+        if g.height:
+            yield run_id, g["step"].to_list(), g[column].to_list()
+
+
+def _lines(df: pl.DataFrame, png: Path, panels: list[tuple[str, list[str]]]) -> str | None:
+    """One panel per (title, columns), one line per run and column; None when no panel has a value."""
+    if not any(df[c].is_not_null().any() for _, cols in panels for c in cols):
+        return None
+    fig = Figure(figsize=(4.2 * len(panels), 3.4))
+    for i, (title, cols) in enumerate(panels):
+        ax = fig.add_subplot(1, len(panels), i + 1)
+        for col in cols:
+            for run_id, x, y in _series(df, col):
+                style = {"marker": "o", "linestyle": "--"} if col.startswith("eval") else {"marker": "."}
+                ax.plot(x, y, label=run_id if len(cols) == 1 else f"{run_id} {col}", **style)
+        ax.set_title(title)
+        ax.set_xlabel("step")
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+        ax.grid(alpha=0.3)
+        if ax.lines:
+            ax.legend(fontsize=7)
+    return _save(fig, png)
+
+
+def _learning(df: pl.DataFrame, png: Path) -> str | None:
+    return _lines(df, png, [("success rate", ["success", "eval_success"]), ("mean reward", ["reward"])])
+
+
+def _kl(df: pl.DataFrame, png: Path) -> str | None:
+    return _lines(df, png, [("KL", ["kl"]), ("entropy", ["entropy"]), ("clip fraction", ["clip_fraction"])])
+
+
+def _grid(n: int, row_height: float = 3.0) -> tuple[Figure, int]:
+    cols = min(n, 3)
+    return Figure(figsize=(4.2 * cols, row_height * math.ceil(n / cols))), cols
+
+
+def _rewards(df: pl.DataFrame, png: Path) -> str:
+    specs = df["spec"].unique(maintain_order=True).to_list()
+    fig, cols = _grid(len(specs))
+    for i, spec in enumerate(specs):
+        ax = fig.add_subplot(math.ceil(len(specs) / cols), cols, i + 1)
+        ax.hist(df.filter(pl.col("spec") == spec)["total"].to_list(), bins=20)
+        ax.set_title(spec, fontsize=9)
+        ax.set_xlabel("episode total")
+        ax.set_ylabel("episodes")
+    return _save(fig, png)
+
+
+def _turns(df: pl.DataFrame, png: Path) -> str:
+    envs = df["env"].unique(maintain_order=True).to_list()
+    fig, cols = _grid(len(envs))
+    for i, env in enumerate(envs):
+        g = df.filter(pl.col("env") == env)
+        ax = fig.add_subplot(math.ceil(len(envs) / cols), cols, i + 1)
+        ax.bar(g["num_turns"].to_list(), g["episodes"].to_list())
+        ax.set_title(env, fontsize=9)
+        ax.set_xlabel("turns")
+        ax.set_ylabel("episodes")
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+    return _save(fig, png)
+
+
+RENDER = {"runs": _table, "learning": _learning, "kl": _kl, "rewards": _rewards, "turns": _turns,
+          "policies": _table}

@@ -1,0 +1,193 @@
+"""The SQL cookbook (docs/queries/*.sql): every file runs unchanged against a small real lake.
+
+The lake (`demo_lake_uri`, also used by tests/test_report.py) holds real episodes on doors: the scripted
+expert (always succeeds) and the untrained tiny model (never writes a valid action: format errors), as
+collect runs and as eval runs (one of them a train run's child), scored under two reward specs, plus a GRPO
+and an SFT run's train_steps and a lineage of trained policies, all written through the store's own API.
+"""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import pytest
+import torch
+
+from tests.test_rollout import tiny_model_dir
+from trajlake.collect.config import CollectConfig
+from trajlake.collect.policies.hf import HFPolicy
+from trajlake.collect.rollout import collect
+from trajlake.rewards import SPECS_DIR, default_spec, load_spec
+from trajlake.rewards.score import score
+from trajlake.schemas.records import Policy, Run, TrainStep
+from trajlake.store import Lake
+
+QUERIES = Path(__file__).resolve().parents[1] / "docs" / "queries"
+EXPERT = "scripted:doors"
+TRAIN_RUN = "train-demo"
+
+#: file -> the columns it returns, in order
+COLUMNS = {
+    "success_by_env_policy": ["env", "split", "policy_id", "episodes", "success_rate", "mean_env_reward",
+                              "mean_turns", "not_ok"],
+    "longest_failing_episodes": ["episode_id", "env", "task_id", "policy_id", "run_id", "status", "num_turns",
+                                 "num_agent_tokens", "env_reward", "last_reply", "error"],
+    "format_errors_by_turn": ["env", "policy_id", "turn", "replies", "format_errors", "error_rate"],
+    "reward_spec_diff": ["spec_a", "spec_b", "episode_id", "env", "policy_id", "success", "total_a", "total_b",
+                         "delta"],
+    "token_counts": ["env", "policy_id", "episodes", "turns", "prompt_tokens", "response_tokens",
+                     "prompt_per_episode", "response_per_episode", "response_per_turn", "longest_episode_tokens"],
+    "train_curve": ["run_id", "step", "iteration", "success", "reward_mean", "eval_success", "kl", "entropy",
+                    "grad_norm", "loss", "policy_id", "snapshot_read"],
+    "policy_lineage": ["root_policy_id", "depth", "policy_id", "path", "episodes", "success_rate",
+                       "mean_env_reward"],
+}
+
+
+# ---- the demo lake (built once per session, on disk; each module opens it) ------------------------------
+def _build(path: Path, tiny: Path) -> None:
+    lake = Lake.open(str(path))
+    hf = HFPolicy(tiny)
+    tiny_id = hf.policy_id
+
+    def play(run_id: str, policy=None, **kw) -> None:
+        kw = {"env": "doors", "policy": EXPERT, "tokenizer": str(tiny), "progress": False, **kw}
+        if policy is not None:
+            kw.update(policy=f"hf:{tiny}", max_turns=kw.get("max_turns", 3), max_new_tokens=8)
+        collect(CollectConfig(run_id=run_id, **kw), lake, policy=policy)
+
+    try:
+        play("collect-expert", tasks=4)
+        play("collect-tiny", hf, tasks=2, max_turns=3)
+        play("eval-expert", split="test", tasks=3, temperature=0.0)
+        play(f"{TRAIN_RUN}/eval-2", hf, split="test", tasks=2, max_turns=2, temperature=0.0)
+    finally:
+        hf.close()
+    for run_id, parent in [("eval-expert", None), (f"{TRAIN_RUN}/eval-2", TRAIN_RUN)]:
+        lake.update("runs", {"run_id": run_id}, {"kind": "eval", "parent_run_id": parent}, stage="eval")
+    score(lake, default_spec())
+    score(lake, load_spec(SPECS_DIR / "goal-and-turns.toml"))
+
+    policies = [Policy(f"{TRAIN_RUN}/step-{s}", run_id=TRAIN_RUN, step=s,
+                       parent_policy_id=tiny_id if s == 1 else f"{TRAIN_RUN}/step-{s - 1}") for s in (1, 2)]
+    steps = [TrainStep(TRAIN_RUN, s, f"{TRAIN_RUN}/step-{s}" if s < 3 else None, 1,
+                       {"iteration": s, "episodes": 4, "reward_mean": 0.1 * s, "reward_std": 0.1,
+                        "success_mean": 0.25 * s, "kl": 0.01 * s, "entropy": 2.0 - 0.1 * s, "pg_clipfrac": 0.05,
+                        "grad_norm": 1.0, **({"eval_success": 0.5, "eval_env_reward": 0.5} if s == 2 else {})})
+             for s in (1, 2, 3)]
+    steps += [TrainStep("sft-demo", s, None, 1, {"step": s, "episodes": 4, "loss": 1.0 / s, "nll": 1.0 / s})
+              for s in (1, 2)]
+    lake.append({"runs": [Run(TRAIN_RUN, "train", status="finished"), Run("sft-demo", "train", status="finished")],
+                 "policies": policies, "train_steps": steps}, stage="train", run_id=TRAIN_RUN)
+    lake.close()
+
+
+def demo_lake_uri(tmp_path_factory) -> str:
+    """The demo lake's URI; built on the first call of the session (a few seconds)."""
+    path = tmp_path_factory.getbasetemp() / "cookbook-lake"
+    done = path / ".built"
+    if not done.is_file():
+        shutil.rmtree(path, ignore_errors=True)
+        tiny = tiny_model_dir(tmp_path_factory)
+        threads = torch.get_num_threads()
+        torch.set_num_threads(1)  # the tiny model is overhead-bound: one thread is faster on a busy machine
+        try:
+            _build(path, tiny)
+        finally:
+            torch.set_num_threads(threads)
+        done.touch()
+    return str(path)
+
+
+@pytest.fixture(scope="module")
+def demo(tmp_path_factory):
+    lake = Lake.open(demo_lake_uri(tmp_path_factory))
+    yield lake
+    lake.close()
+
+
+def run_file(lake: Lake, name: str, edit=None):
+    sql = (QUERIES / f"{name}.sql").read_text()
+    return lake.query(edit(sql) if edit else sql)
+
+
+# ---- every file ----------------------------------------------------------------------------------------
+def test_every_file_is_listed_and_documented():
+    files = sorted(p.stem for p in QUERIES.glob("*.sql"))
+    assert files == sorted(COLUMNS), "a new cookbook query needs its expected columns here"
+    readme = (QUERIES / "README.md").read_text()
+    for name in files:
+        text = (QUERIES / f"{name}.sql").read_text()
+        assert text.startswith("-- "), f"{name}.sql must open with a comment saying what it answers"
+        assert f"({name}.sql)" in readme, f"{name}.sql is missing from docs/queries/README.md"
+
+
+@pytest.mark.parametrize("name", sorted(COLUMNS))
+def test_query_runs_unchanged(demo, name):
+    df = run_file(demo, name)
+    assert df.columns == COLUMNS[name]
+    assert df.height > 0
+
+
+# ---- what they say -------------------------------------------------------------------------------------
+def test_success_by_env_policy(demo):
+    df = run_file(demo, "success_by_env_policy")
+    expert = df.filter(df["policy_id"] == EXPERT)
+    assert sorted(expert["split"]) == ["test", "train"] and sorted(expert["episodes"]) == [3, 4]
+    assert expert["success_rate"].to_list() == [1.0, 1.0], "the scripted expert solves every task"
+    tiny = df.filter(df["policy_id"] != EXPERT)
+    assert tiny["success_rate"].to_list() == [0.0, 0.0]
+
+
+def test_format_errors_and_longest_failures(demo):
+    df = run_file(demo, "format_errors_by_turn")
+    by_policy = {p: g for (p,), g in df.group_by("policy_id")}
+    assert by_policy[EXPERT]["format_errors"].sum() == 0
+    tiny = by_policy[next(p for p in by_policy if p != EXPERT)]
+    assert tiny["error_rate"].to_list() == [1.0] * tiny.height, "the untrained model never writes an action"
+    assert tiny["turn"].min() == 0 and tiny.filter(tiny["turn"] == 0)["replies"][0] == 4
+
+    longest = run_file(demo, "longest_failing_episodes")
+    assert EXPERT not in set(longest["policy_id"])
+    assert longest["num_turns"].to_list() == sorted(longest["num_turns"], reverse=True)
+
+
+def test_reward_spec_diff_and_its_placeholders(demo):
+    df = run_file(demo, "reward_spec_diff")
+    assert set(df["spec_a"]) == {"default"} and set(df["spec_b"]) == {"goal-and-turns"}  # the two latest
+    assert df.height == min(20, demo.count("episodes"))
+    for r in df.iter_rows(named=True):
+        assert r["delta"] == pytest.approx(r["total_b"] - r["total_a"], abs=1e-3)
+    assert [abs(d) for d in df["delta"]] == sorted((abs(d) for d in df["delta"]), reverse=True)
+
+    swapped = run_file(demo, "reward_spec_diff", lambda s: s.replace(
+        "NULL::VARCHAR AS name_a, NULL::VARCHAR AS name_b", "'goal-and-turns' AS name_a, 'default' AS name_b"))
+    assert set(swapped["spec_a"]) == {"goal-and-turns"} and set(swapped["spec_b"]) == {"default"}
+    assert sorted(swapped["delta"]) == sorted(-d for d in df["delta"])
+
+
+def test_token_counts_add_up(demo):
+    df = run_file(demo, "token_counts")
+    agent = demo.query("SELECT policy_id, sum(num_agent_tokens) AS n, count(*) AS eps FROM episodes GROUP BY ALL")
+    expected = dict(zip(agent["policy_id"], agent["n"], strict=True))
+    assert dict(zip(df["policy_id"], df["response_tokens"], strict=True)) == expected
+    assert df["episodes"].sum() == agent["eps"].sum()
+    assert (df["prompt_tokens"] > 0).all() and (df["longest_episode_tokens"] > df["response_per_episode"]).all()
+
+
+def test_train_curve_and_lineage(demo):
+    df = run_file(demo, "train_curve")
+    grpo = df.filter(df["run_id"] == TRAIN_RUN)
+    assert grpo["step"].to_list() == [1, 2, 3] and grpo["iteration"].to_list() == [1, 2, 3]
+    assert grpo["success"].to_list() == [0.25, 0.5, 0.75]
+    assert grpo["eval_success"].to_list() == [None, 0.5, None]
+    sft = df.filter(df["run_id"] == "sft-demo")
+    assert sft["loss"].to_list() == [1.0, 0.5] and sft["success"].to_list() == [None, None]
+
+    lineage = run_file(demo, "policy_lineage")
+    last = lineage.filter(lineage["policy_id"] == f"{TRAIN_RUN}/step-2").to_dicts()[0]
+    assert last["depth"] == 2 and last["root_policy_id"].startswith("hf:")
+    assert last["path"].endswith(f"{TRAIN_RUN}/step-1 > {TRAIN_RUN}/step-2")
+    expert = lineage.filter(lineage["policy_id"] == EXPERT).to_dicts()[0]
+    assert expert["depth"] == 0 and expert["episodes"] == 7 and expert["success_rate"] == 1.0

@@ -1,0 +1,80 @@
+"""evaluate.report.build_report: the HTML page and plots over the demo lake of tests/test_cookbook.py, an
+empty lake, the `runs` filter, and bad arguments."""
+
+from __future__ import annotations
+
+import html
+
+import pytest
+
+from tests.test_cookbook import EXPERT, TRAIN_RUN, demo_lake_uri
+from trajlake.evaluate.report import SECTIONS, build_report
+from trajlake.store import Lake, TrajlakeError
+
+PLOTS = ("learning", "kl", "rewards", "turns")
+PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+
+
+@pytest.fixture(scope="module")
+def demo(tmp_path_factory):
+    lake = Lake.open(demo_lake_uri(tmp_path_factory))
+    yield lake
+    lake.close()
+
+
+def section(page: str, key: str) -> str:
+    return page.split(f'<section id="{key}">', 1)[1].split("</section>", 1)[0]
+
+
+def test_report_shows_every_section_with_its_query(demo, tmp_path):
+    index = build_report(demo, tmp_path / "report")
+    assert index == tmp_path / "report" / "index.html"
+    page = index.read_text()
+    assert "no data yet" not in page
+    for key, (title, _, sql, _) in SECTIONS.items():
+        part = section(page, key)
+        assert html.escape(title) in part
+        assert f"<pre>{html.escape(sql.strip().replace('{runs}', ''))}</pre>" in part, key
+    for key in PLOTS:
+        png = tmp_path / "report" / f"{key}.png"
+        assert png.read_bytes()[:8] == PNG_MAGIC and png.stat().st_size > 1000
+        assert f'<img src="{key}.png"' in section(page, key)  # relative: the folder can be moved
+    table = section(page, "policies")
+    assert "<table>" in table and html.escape(EXPERT) in table and "format_error_rate" in table
+    assert f"snapshot {demo.current_snapshot()}" in page
+    assert "<script" not in page
+
+
+def test_runs_filter_restricts_train_plots_and_eval_table(demo, tmp_path):
+    page = build_report(demo, tmp_path / "r", runs=[TRAIN_RUN]).read_text()
+    table = section(page, "policies")
+    assert html.escape(EXPERT) not in table, "eval-expert is neither the run asked for nor its child"
+    assert "<td>hf:" in table, "the train run's own eval run is shown"
+    assert html.escape(f"s.run_id IN ('{TRAIN_RUN}')") in section(page, "learning")
+    assert (tmp_path / "r" / "learning.png").stat().st_size > 0
+
+    page = build_report(demo, tmp_path / "r", runs=["eval-expert"]).read_text()  # the same folder again
+    assert "no data yet: train steps" in section(page, "learning")
+    assert not (tmp_path / "r" / "learning.png").exists(), "a stale plot was left behind"
+    assert html.escape(EXPERT) in section(page, "policies")
+
+
+def test_empty_lake_gets_notes_not_plots(tmp_path):
+    with Lake.open(str(tmp_path / "lake")) as lake:
+        index = build_report(lake, tmp_path / "out" / "nested")
+    page = index.read_text()
+    assert page.count('<p class="empty">no data yet: ') == len(SECTIONS)
+    assert "trajlake train" in section(page, "learning") and "trajlake rewards" in section(page, "rewards")
+    assert "trajlake evaluate" in section(page, "policies")
+    assert sorted(p.name for p in index.parent.iterdir()) == ["index.html"]
+
+
+def test_bad_arguments(demo, tmp_path):
+    (tmp_path / "file").write_text("x")
+    with pytest.raises(TrajlakeError, match="is a file"):
+        build_report(demo, tmp_path / "file")
+    with pytest.raises(TrajlakeError, match="cannot create report folder"):
+        build_report(demo, tmp_path / "file" / "sub")
+    with pytest.raises(TrajlakeError, match=r"unknown run id\(s\): nope, n'o"):
+        build_report(demo, tmp_path / "out", runs=[TRAIN_RUN, "nope", "n'o"])
+    assert not (tmp_path / "out").exists(), "nothing is written for a refused report"
