@@ -53,14 +53,22 @@ def open_lake() -> Lake:
     return Lake.open(State.lake_uri)
 
 
-@app.command()
+@app.command(context_settings={"ignore_unknown_options": True})  # SQL may start with a `-- comment`
 def sql(
     query: Optional[str] = typer.Argument(None, help="SQL over the tables; none opens an interactive shell."),
+    file: Optional[Path] = typer.Option(None, "--file", "-F", help="Read the SQL from this file (docs/queries/)."),
     snapshot: Optional[int] = typer.Option(None, "--snapshot", "-s", help="Read the lake as of this snapshot."),
     fmt: display.Format = typer.Option("table", "--format", "-f", help="Output format."),
     out: Optional[Path] = typer.Option(None, "--out", "-o", help="Write to this file instead of stdout."),
 ) -> None:
     """Run SQL on the lake (tables: tasks, runs, policies, episodes, turns, reward_specs, ...)."""
+    if file is not None:
+        if query is not None:
+            raise TrajlakeError("give the SQL either as an argument or with --file, not both")
+        try:
+            query = file.read_text()
+        except OSError as e:
+            raise TrajlakeError(f"cannot read SQL file {file}: {e.strerror}") from None
     with open_lake() as lake:
         if query is None:
             display.shell(lake, snapshot=snapshot)
@@ -286,7 +294,21 @@ def evaluate(
         display.console.print(note)
 
 
+@app.command()
+def report(
+    out: Path = typer.Option(Path("reports/latest"), "--out", help="Folder for index.html and the PNG plots."),
+    runs: Optional[list[str]] = typer.Option(None, "--runs", help="Only these train/eval runs (repeatable)."),
+) -> None:
+    """An HTML page with plots over the store (learning curves, KL and entropy, reward distributions, turns,
+    policies side by side), each beside the query that made it."""
+    from trajlake.evaluate.report import build_report
 
+    with open_lake() as lake:
+        index = build_report(lake, out, runs=runs or None)
+    display.console.print(f"report: {index}")
+
+
+@import_app.command("agentgym")
 def import_agentgym(
     paths: list[Path] = typer.Argument(..., help="Parquet, JSON or JSONL files in OpenManus-RL/AgentGym format."),
     tokenizer: Path = typer.Option(..., "--tokenizer", help="Tokenizer folder (a model saved with save_pretrained)."),

@@ -1,61 +1,219 @@
-"""`make demo`: the main job on the embedded lake, end to end with what exists so far.
+"""`make demo`: the whole pipeline on the embedded lake, on a CPU, in minutes.
 
-Builds the tiny offline model, imports OpenManus-RL's own AgentGym trajectories (from ../shared when the
-checkout has it beside, or any folder given with --data) into the lake with exact token ids, and prints
-what the store now holds. Every number printed is read back from the store.
+1. the model: the tiny offline model (or SmolLM2-135M-Instruct with --model smollm2, converted offline);
+2. OpenManus-RL's own AgentGym trajectories imported with exact token ids (when ../shared has them);
+3. scripted-expert episodes on the doors env collected into the store;
+4. the starting model evaluated on held-out tasks (its episodes are stored too);
+5. an SFT warm start on the successful expert episodes, read back from the store;
+6. GRPO iterations: collect with the current policy, score with the default reward spec, update, checkpoint;
+7. the starting, warm-started and trained policies evaluated on the same held-out tasks;
+8. a table where the success rate rises, the learning curve, and an HTML report.
+
+Every number printed is read back from the store. Run ids are fixed (`<prefix>-expert`, `<prefix>-sft`,
+`<prefix>-grpo`), so a second run resumes where the first stopped, or only prints the results.
 """
 
 from __future__ import annotations
 
 import argparse
 import sys
+import time
+from dataclasses import dataclass, replace
 from pathlib import Path
+
+import polars as pl
 
 from trajlake.display import Format, console, emit
 from trajlake.store import Lake, TrajlakeError
 
 ROOT = Path(__file__).resolve().parent
 DEFAULT_DATA = ROOT.parent / "shared" / "data" / "agentgym"
+CONFIGS = ROOT / "train" / "configs"
+SYSTEM = "Open the door with the key. Reply: open COLOR."
 
 
-def run(lake_uri: str, models: Path, data: Path) -> None:
-    from trajlake.collect.importers.agentgym import import_agentgym
+@dataclass(frozen=True)
+class DemoConfig:
+    """What `python -m trajlake.demo` runs; the defaults are `make demo`'s."""
+
+    lake: str = "lake"
+    """Lake URI."""
+    models: Path = Path("models")
+    """Where models are built (`<models>/tiny`, `<models>/smollm2`)."""
+    model: str = "tiny"
+    """tiny (built offline in seconds) or smollm2 (SmolLM2-135M-Instruct, `make setup-smollm2` first)."""
+    data: Path = DEFAULT_DATA
+    """Folder of AgentGym parquet files to import (skipped when absent)."""
+    expert_tasks: int = 256
+    """Scripted-expert episodes collected for the warm start."""
+    sft_steps: int = 50
+    """SFT optimizer steps (minibatches of 16)."""
+    sft_lr: float = 1e-3
+    """SFT learning rate."""
+    iterations: int = 20
+    """GRPO iterations; each plays `tasks` new tasks x `samples` samples."""
+    tasks: int = 64
+    """Tasks per GRPO iteration."""
+    samples: int = 4
+    """Samples per task (the GRPO group)."""
+    lr: float = 2e-4
+    """GRPO learning rate."""
+    micro_batch: int = 32
+    """Sequences per forward/backward pass."""
+    eval_tasks: int = 100
+    """Held-out (test split) tasks each policy is evaluated on, greedily."""
+    report: Path = Path("reports/demo")
+    """Where the HTML report goes."""
+    prefix: str = "demo"
+    """Run id prefix (another prefix starts the pipeline afresh in the same lake)."""
+
+    def __post_init__(self):
+        if self.model not in PRESETS:
+            raise TrajlakeError(f"demo: unknown model {self.model!r}; valid: {', '.join(PRESETS)}")
+        for name in ("expert_tasks", "sft_steps", "iterations", "tasks", "samples", "micro_batch", "eval_tasks"):
+            if getattr(self, name) < 1:
+                raise TrajlakeError(f"demo: {name} must be >= 1, got {getattr(self, name)}")
+
+
+# SmolLM2 is 130x the tiny model: fewer, smaller steps at a pretrained model's learning rates.
+PRESETS = {
+    "tiny": {},
+    "smollm2": dict(expert_tasks=64, sft_steps=12, sft_lr=2e-5, iterations=3, tasks=16, samples=4, lr=2e-6,
+                    micro_batch=8, eval_tasks=30, prefix="demo-smollm2", report=Path("reports/demo-smollm2")),
+}
+
+COMMON = dict(env="doors", difficulty=1, max_turns=1, template="plain", system_prompt=SYSTEM, max_new_tokens=8)
+
+
+def build_model(cfg: DemoConfig) -> Path:
     from trajlake.collect.models import build_tiny_model, model_summary
 
-    tiny = models / "tiny"
-    if not (tiny / "model.safetensors").exists():
-        console.rule("1. build the tiny model (offline)")
-        build_tiny_model(tiny)
-    console.print(f"model {tiny}: {model_summary(tiny)['params']:,} parameters")
+    path = cfg.models / cfg.model
+    if not (path / "model.safetensors").exists():
+        if cfg.model == "tiny":
+            build_tiny_model(path)
+        else:
+            from trajlake.collect.models_smollm2 import convert_smollm2
 
-    console.rule("2. import AgentGym trajectories into the lake")
+            convert_smollm2(path)
+    console.print(f"model {path}: {model_summary(path)['params']:,} parameters")
+    return path.absolute()
+
+
+def import_seed_data(lake: Lake, data: Path, model: Path) -> None:
+    from trajlake.collect.importers.agentgym import import_agentgym
+
     files = sorted(data.glob("*/*.parquet")) if data.is_dir() else []
-    if files:
-        with Lake.open(lake_uri) as lake:
-            console.print(str(import_agentgym(lake, files, tiny)))
-    else:
+    if not files:
         console.print(f"no AgentGym files under {data}: skipping the import (pass --data DIR)")
+        return
+    console.print(str(import_agentgym(lake, files, model)))
+    emit(lake.query("SELECT env, count(*) AS episodes, round(avg(num_turns), 1) AS mean_turns, "
+                    "round(avg(success::INT), 3) AS success_rate FROM episodes WHERE run_id LIKE 'import%' "
+                    "GROUP BY env ORDER BY env"), Format.table, None)
 
-    console.rule("3. what the store holds (SQL over the lake)")
-    with Lake.open(lake_uri) as lake:
-        emit(lake.query(
-            "SELECT e.env, count(*) AS episodes, round(avg(e.num_turns), 1) AS mean_turns, "
-            "sum(e.num_agent_tokens)::BIGINT AS agent_tokens, sum(t.tokens)::BIGINT AS all_tokens "
-            "FROM episodes e JOIN (SELECT episode_id, sum(len(prompt_token_ids) + len(response_token_ids)) "
-            "AS tokens FROM turns GROUP BY episode_id) t USING (episode_id) GROUP BY e.env ORDER BY e.env"
-        ), Format.table, None)
-        emit(lake.snapshots().drop("changes").tail(5), Format.table, None)
-    console.print(f"lake: {lake_uri}; explore it with: .venv/bin/trajlake --lake {lake_uri} sql")
+
+def collect_expert(cfg: DemoConfig, lake: Lake, model: Path) -> None:
+    from trajlake.collect.config import CollectConfig
+    from trajlake.collect.rollout import collect
+
+    rid = collect(CollectConfig(policy="scripted:doors", tokenizer=str(model), tasks=cfg.expert_tasks,
+                                run_id=f"{cfg.prefix}-expert", **COMMON), lake)
+    row = lake.query("SELECT count(*) AS n, avg(success::INT) AS s FROM episodes WHERE run_id = ?", [rid]).row(0)
+    console.print(f"run {rid}: {row[0]} expert episodes, success rate {row[1]:.2f}")
+
+
+def evaluate_policies(cfg: DemoConfig, lake: Lake, policies: list[str], model: Path) -> pl.DataFrame:
+    from trajlake.evaluate.run import EvalConfig, evaluate
+
+    ec = EvalConfig(policies=tuple(policies), split="test", tasks=cfg.eval_tasks, greedy=True, tokenizer=str(model),
+                    **COMMON)
+    return evaluate(ec, lake).summary
+
+
+def train_stage(cfg: DemoConfig, lake: Lake, config_name: str, **overrides):
+    from trajlake.train.config import load_config
+    from trajlake.train.loop import train
+
+    tc = load_config(CONFIGS / config_name, **overrides)
+    return train(replace(tc, checkpoint_dir=str(Path("checkpoints").absolute())), lake)
+
+
+def results_table(summary: pl.DataFrame, stages: dict[str, str]) -> pl.DataFrame:
+    rows = []
+    for stage, policy in stages.items():
+        r = summary.filter(pl.col("policy") == policy).row(0, named=True)
+        rows.append({"stage": stage, "policy": policy, "episodes": r["episodes"],
+                     "success": f"{r['success_rate']:.2f} [{r['success_low']:.2f}, {r['success_high']:.2f}]",
+                     "reward": round(r["reward_mean"], 3), "format_errors": round(r["format_error_rate"], 3),
+                     "tokens": round(r["tokens_per_episode"], 1)})
+    return pl.DataFrame(rows)
+
+
+CURVE_SQL = """
+SELECT step AS iteration, round((metrics->>'success_mean')::DOUBLE, 3) AS sampled_success,
+       round((metrics->>'reward_mean')::DOUBLE, 3) AS reward_mean, round((metrics->>'kl')::DOUBLE, 4) AS kl,
+       round((metrics->>'entropy')::DOUBLE, 3) AS entropy
+FROM train_steps WHERE run_id = ? AND step > 0 AND (step % ? = 0 OR step = 1) ORDER BY step
+"""
+
+
+def run(cfg: DemoConfig) -> None:
+    import trajlake.rewards  # noqa: F401 (the token_rewards view)
+    from trajlake.evaluate.report import build_report
+
+    t0 = time.perf_counter()
+    console.rule("1. the model")
+    model = build_model(cfg)
+    with Lake.open(cfg.lake) as lake:
+        console.rule("2. import OpenManus-RL's AgentGym trajectories")
+        import_seed_data(lake, cfg.data, model)
+        console.rule("3. scripted-expert episodes on doors into the store")
+        collect_expert(cfg, lake, model)
+        console.rule("4. the starting model on held-out tasks")
+        evaluate_policies(cfg, lake, [f"hf:{model}"], model)
+        console.rule("5. SFT warm start on the expert episodes in the store")
+        sft_run = f"{cfg.prefix}-sft"
+        sft = train_stage(cfg, lake, "sft-doors.toml", run_id=sft_run, model=str(model), sft_steps=cfg.sft_steps,
+                          lr=cfg.sft_lr, sft_filter=f"success AND run_id = '{cfg.prefix}-expert'")
+        console.print(f"run {sft.run_id}: policy {sft.policy_id}")
+        console.rule(f"6. GRPO: {cfg.iterations} iterations of collect -> score -> update -> checkpoint")
+        grpo = train_stage(cfg, lake, "grpo-doors.toml", run_id=f"{cfg.prefix}-grpo", model=f"run:{sft_run}",
+                           iterations=cfg.iterations, tasks=cfg.tasks, samples=cfg.samples, lr=cfg.lr,
+                           micro_batch=cfg.micro_batch, eval_every=0)
+        console.print(f"run {grpo.run_id}: policy {grpo.policy_id}")
+        console.rule("7. held-out evaluation before and after")
+        stages = {"start": f"hf:{model}", "SFT warm start": f"policy:{sft.policy_id}",
+                  "GRPO": f"policy:{grpo.policy_id}"}
+        summary = evaluate_policies(cfg, lake, list(stages.values()), model)
+        console.rule("8. results (read back from the store)")
+        console.print(f"held-out greedy success on doors (test split, difficulty 1, {cfg.eval_tasks} tasks), "
+                      "95% Wilson intervals:")
+        emit(results_table(summary, stages), Format.table, None)
+        console.print("GRPO learning curve (sampled rollouts of each iteration, from train_steps):")
+        emit(lake.query(CURVE_SQL, [grpo.run_id, max(1, cfg.iterations // 5)]), Format.table, None)
+        index = build_report(lake, cfg.report)
+    console.print(f"report: {index}")
+    console.print(f"lake: {cfg.lake}; explore it with: .venv/bin/trajlake --lake {cfg.lake} sql "
+                  "(queries to start from: docs/queries/)")
+    console.print(f"demo finished in {time.perf_counter() - t0:.0f} s")
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m trajlake.demo", description=__doc__)
+    parser = argparse.ArgumentParser(prog="python -m trajlake.demo", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--lake", default="lake", help="lake URI (default ./lake)")
     parser.add_argument("--models", type=Path, default=Path("models"), help="where models are built")
+    parser.add_argument("--model", choices=tuple(PRESETS), default="tiny", help="the model to train")
     parser.add_argument("--data", type=Path, default=DEFAULT_DATA, help="folder of AgentGym parquet files")
-    args = parser.parse_args(argv)
+    for name in ("expert_tasks", "sft_steps", "iterations", "tasks", "samples", "micro_batch", "eval_tasks"):
+        parser.add_argument(f"--{name.replace('_', '-')}", type=int, default=None, help=f"override {name}")
+    parser.add_argument("--report", type=Path, default=None, help="report folder (default reports/demo)")
+    parser.add_argument("--prefix", default=None, help="run id prefix (default demo)")
+    args = vars(parser.parse_args(argv))
+    chosen = {k: v for k, v in args.items() if v is not None}
     try:
-        run(args.lake, args.models, args.data)
+        run(DemoConfig(**{**PRESETS[args["model"]], **chosen}))
     except TrajlakeError as e:
         print(f"error: {e}", file=sys.stderr)
         return 1

@@ -80,3 +80,16 @@ def test_debug_shows_traceback():
 
 def test_usage_error_exit_code(capsys):
     assert main(["no-such-command"]) == 2
+
+
+def test_sql_from_file_and_leading_comment(filled, capsys, tmp_path):
+    q = tmp_path / "q.sql"
+    q.write_text("-- how many episodes\nSELECT count(*) AS n FROM episodes\n")
+    assert main(["--lake", filled, "sql", "--file", str(q), "-f", "json"]) == 0
+    assert json.loads(capsys.readouterr().out) == [{"n": 2}]
+    assert main(["--lake", filled, "sql", q.read_text(), "-f", "json"]) == 0  # a `-- comment` is not an option
+    assert json.loads(capsys.readouterr().out) == [{"n": 2}]
+    assert main(["--lake", filled, "sql", "--file", str(tmp_path / "missing.sql")]) == 1
+    assert "cannot read SQL file" in capsys.readouterr().err
+    assert main(["--lake", filled, "sql", "SELECT 1", "--file", str(q)]) == 1
+    assert "either as an argument or with --file" in capsys.readouterr().err

@@ -78,3 +78,18 @@ def test_bad_arguments(demo, tmp_path):
     with pytest.raises(TrajlakeError, match=r"unknown run id\(s\): nope, n'o"):
         build_report(demo, tmp_path / "out", runs=[TRAIN_RUN, "nope", "n'o"])
     assert not (tmp_path / "out").exists(), "nothing is written for a refused report"
+
+
+def test_cli_report(tmp_path, capsys):
+    from trajlake.cli import main
+    from trajlake.schemas import Run, TrainStep
+
+    uri = str(tmp_path / "lake")  # its own lake: the module's demo lake stays open in this process
+    with Lake.open(uri) as lake:
+        lake.append({"runs": [Run("r1", "train", status="finished")],
+                     "train_steps": [TrainStep("r1", s, None, 1, {"success_mean": s / 4, "reward_mean": s / 4})
+                                     for s in range(1, 4)]}, stage="test", run_id="r1")
+    assert main(["--lake", uri, "report", "--out", str(tmp_path / "r"), "--runs", "r1"]) == 0
+    assert "report: " in capsys.readouterr().out and (tmp_path / "r" / "learning.png").is_file()
+    assert main(["--lake", uri, "report", "--out", str(tmp_path / "r"), "--runs", "no-such-run"]) == 1
+    assert "no-such-run" in capsys.readouterr().err
