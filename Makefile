@@ -13,7 +13,7 @@ export DS_ACCELERATOR ?= cpu
 
 SMOLLM2 ?= models/smollm2
 
-.PHONY: setup setup-smollm2 test test-slow test-all demo collect rewards train train-warmstart envs sql snapshots maintain lint clean
+.PHONY: setup setup-smollm2 test test-slow test-all demo demo-smollm2 collect rewards train train-warmstart envs sql snapshots maintain lint clean
 
 setup: $(STAMP)
 
@@ -35,8 +35,12 @@ test-slow: setup
 test-all: setup
 	$(PY) -m pytest -q -m 'slow or not slow' $(PYTEST_ARGS)
 
+# The whole pipeline on the tiny model (about 10 minutes on 2 CPU cores), then on SmolLM2-135M-Instruct.
 demo: setup
 	$(PY) -m trajlake.demo --lake $(LAKE)
+
+demo-smollm2: setup-smollm2
+	$(PY) -m trajlake.demo --lake $(LAKE) --model smollm2
 
 # The tiny offline model the default targets play with.
 $(MODEL)/model.safetensors: | $(STAMP)
