@@ -143,7 +143,8 @@ def results_table(summary: pl.DataFrame, stages: dict[str, str]) -> pl.DataFrame
     rows = []
     for stage, policy in stages.items():
         r = summary.filter(pl.col("policy") == policy).row(0, named=True)
-        rows.append({"stage": stage, "policy": policy, "episodes": r["episodes"],
+        short = policy.removeprefix("policy:") if policy.startswith("policy:") else Path(policy[3:]).name
+        rows.append({"stage": stage, "policy": short, "episodes": r["episodes"],
                      "success": f"{r['success_rate']:.2f} [{r['success_low']:.2f}, {r['success_high']:.2f}]",
                      "reward": round(r["reward_mean"], 3), "format_errors": round(r["format_error_rate"], 3),
                      "tokens": round(r["tokens_per_episode"], 1)})
@@ -152,7 +153,7 @@ def results_table(summary: pl.DataFrame, stages: dict[str, str]) -> pl.DataFrame
 
 CURVE_SQL = """
 SELECT step AS iteration, round((metrics->>'success_mean')::DOUBLE, 3) AS sampled_success,
-       round((metrics->>'reward_mean')::DOUBLE, 3) AS reward_mean, round((metrics->>'kl')::DOUBLE, 4) AS kl,
+       round((metrics->>'reward_mean')::DOUBLE, 3) AS reward_mean,
        round((metrics->>'entropy')::DOUBLE, 3) AS entropy
 FROM train_steps WHERE run_id = ? AND step > 0 AND (step % ? = 0 OR step = 1) ORDER BY step
 """
@@ -188,7 +189,7 @@ def run(cfg: DemoConfig) -> None:
         summary = evaluate_policies(cfg, lake, list(stages.values()), model)
         console.rule("8. results (read back from the store)")
         console.print(f"held-out greedy success on doors (test split, difficulty 1, {cfg.eval_tasks} tasks), "
-                      "95% Wilson intervals:")
+                      "95% Wilson intervals; policies: " + ", ".join(stages.values()))
         emit(results_table(summary, stages), Format.table, None)
         console.print("GRPO learning curve (sampled rollouts of each iteration, from train_steps):")
         emit(lake.query(CURVE_SQL, [grpo.run_id, max(1, cfg.iterations // 5)]), Format.table, None)
