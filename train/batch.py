@@ -27,15 +27,18 @@ FROM ep JOIN turns t USING (episode_id)
 ORDER BY ep.episode_id, t.turn
 """
 
-REWARDS_SQL = """
-WITH ep AS (SELECT episode_id FROM episodes WHERE ({where}))
-SELECT episode_id, position, reward FROM token_rewards
-WHERE spec_id = ? AND episode_id IN (SELECT episode_id FROM ep)
-"""
-
-TOTALS_SQL = """
-WITH ep AS (SELECT episode_id FROM episodes WHERE ({where}))
-SELECT episode_id, total FROM episode_rewards WHERE spec_id = ? AND episode_id IN (SELECT episode_id FROM ep)
+#: with a spec: the same rows plus each episode's total and token rewards (lists, repeated on each of its
+#: turns), in one query (one pinned read)
+SCORED_SQL = """
+WITH ep AS MATERIALIZED (SELECT * FROM episodes WHERE ({where})),
+tot AS (SELECT episode_id, total FROM episode_rewards WHERE spec_id = ? AND episode_id IN (SELECT episode_id FROM ep)),
+rw AS (SELECT episode_id, list(position) AS positions, list(reward) AS rewards FROM token_rewards
+       WHERE spec_id = ? AND episode_id IN (SELECT episode_id FROM ep) GROUP BY episode_id)
+SELECT ep.episode_id, ep.group_id, ep.task_id, ep.policy_id, coalesce(ep.success, false) AS success,
+       t.turn, t.prompt_token_ids, t.response_token_ids, t.response_logprobs,
+       tot.episode_id IS NOT NULL AS scored, tot.total, rw.positions, rw.rewards
+FROM ep JOIN turns t USING (episode_id) LEFT JOIN tot USING (episode_id) LEFT JOIN rw USING (episode_id)
+ORDER BY ep.episode_id, t.turn
 """
 
 
@@ -64,13 +67,20 @@ def load_episodes(lake: Lake, where: str, *, snapshot: int, spec_id: str | None 
     """
     import trajlake.rewards  # noqa: F401 (registers the token_rewards view)
 
-    rows = lake.query(EPISODES_SQL.format(where=where), snapshot=snapshot, output="arrow").to_pylist()
+    if spec_id is None:
+        rows = lake.query(EPISODES_SQL.format(where=where), snapshot=snapshot, output="arrow").to_pylist()
+    else:
+        rows = lake.query(SCORED_SQL.format(where=where), [spec_id, spec_id], snapshot=snapshot,
+                          output="arrow").to_pylist()
     seqs: dict[str, EpisodeSeq] = {}
+    scored: dict[str, dict] = {}
     for r in rows:
         s = seqs.get(r["episode_id"])
         if s is None:
             s = seqs[r["episode_id"]] = EpisodeSeq(r["episode_id"], r["group_id"] or r["episode_id"],
                                                    bool(r["success"]), [], [], [])
+            if spec_id is not None:
+                scored[s.episode_id] = r
         p, a = list(r["prompt_token_ids"] or ()), list(r["response_token_ids"] or ())
         lp = r["response_logprobs"]
         if lp is not None and len(lp) != len(a):
@@ -81,30 +91,26 @@ def load_episodes(lake: Lake, where: str, *, snapshot: int, spec_id: str | None 
                                                else [math.nan] * len(a))
     out = [s for s in seqs.values() if any(s.mask)]
     if spec_id is not None and out:
-        _attach_rewards(lake, where, snapshot, spec_id, out)
+        _attach_rewards(scored, snapshot, spec_id, out)
     return out
 
 
-def _attach_rewards(lake: Lake, where: str, snapshot: int, spec_id: str, seqs: list[EpisodeSeq]) -> None:
-    totals = lake.query(TOTALS_SQL.format(where=where), [spec_id], snapshot=snapshot, output="arrow").to_pylist()
-    total = {r["episode_id"]: r["total"] for r in totals}
-    missing = [s.episode_id for s in seqs if s.episode_id not in total]
+def _attach_rewards(scored: dict[str, dict], snapshot: int, spec_id: str, seqs: list[EpisodeSeq]) -> None:
+    """Fill in each sequence's total and token rewards from its first row of SCORED_SQL."""
+    missing = [s.episode_id for s in seqs if not scored[s.episode_id]["scored"]]
     if missing:
         raise TrajlakeError(f"{len(missing)} episodes (e.g. {missing[0]}) are not scored by spec {spec_id} at "
                             f"snapshot {snapshot}: score them first (trajlake rewards)")
-    by_id = {s.episode_id: s for s in seqs}
     for s in seqs:
+        r = scored[s.episode_id]
         s.rewards = [0.0] * len(s.ids)
-        s.score = float(total[s.episode_id])
-    for r in lake.query(REWARDS_SQL.format(where=where), [spec_id], snapshot=snapshot, output="arrow").to_pylist():
-        s = by_id.get(r["episode_id"])
-        if s is None:
-            continue
-        pos = int(r["position"])
-        if not 0 <= pos < len(s.ids):
-            raise TrajlakeError(f"episode {s.episode_id}: token reward at position {pos} outside its "
-                                f"{len(s.ids)} tokens")
-        s.rewards[pos] += float(r["reward"])
+        s.score = float(r["total"])
+        for pos, reward in zip(r["positions"] or (), r["rewards"] or (), strict=True):
+            pos = int(pos)
+            if not 0 <= pos < len(s.ids):
+                raise TrajlakeError(f"episode {s.episode_id}: token reward at position {pos} outside its "
+                                    f"{len(s.ids)} tokens")
+            s.rewards[pos] += float(reward)
 
 
 @dataclass
@@ -169,11 +175,20 @@ def collate(seqs: list[EpisodeSeq], pad_id: int = 0) -> Batch:
                  [s.group_id for s in seqs], [s.episode_id for s in seqs])
 
 
-def micro_batches(lengths: list[int], rows: list[int], size: int, count: int | None = None) -> list[list[int]]:
+def micro_batches(lengths: list[int], rows: list[int], size: int, count: int | None = None,
+                  keys: list[str] | None = None) -> list[list[int]]:
     """Split `rows` into micro-batches of at most `size` rows, grouped by length (longest first), so each
-    pads to a length close to its rows' own. With `count`, exactly `count` micro-batches (trailing ones may be
-    empty lists), so every process runs as many as the others."""
-    order = sorted(rows, key=lambda i: (-lengths[i], i))
+    pads to a length close to its rows' own. With `keys` (a key per row, e.g. group ids), rows of a key are
+    kept together (keys longest first, then by length within a key), so a micro-batch holds rows that share
+    a prompt. With `count`, exactly `count` micro-batches (trailing ones may be empty lists), so every
+    process runs as many as the others."""
+    if keys is None:
+        order = sorted(rows, key=lambda i: (-lengths[i], i))
+    else:
+        longest: dict[str, int] = {}
+        for i in rows:
+            longest[keys[i]] = max(longest.get(keys[i], 0), lengths[i])
+        order = sorted(rows, key=lambda i: (-longest[keys[i]], keys[i], -lengths[i], i))
     out = [order[k:k + size] for k in range(0, len(order), size)]
     if count is not None:
         if len(out) > count:

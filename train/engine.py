@@ -9,6 +9,7 @@ gloo (or oneCCL when installed); on GPUs, NCCL.
 
 from __future__ import annotations
 
+import inspect
 import os
 import socket
 from dataclasses import dataclass
@@ -222,19 +223,100 @@ def build_engines(cfg: TrainConfig, model_path: str, *, critic_path: str | None 
     return engines
 
 
+def accepts_logits_to_keep(model) -> bool:
+    """Whether `model` (a module or a DeepSpeed engine around one) takes transformers' `logits_to_keep`."""
+    module = getattr(model, "module", model)
+    cls = type(module)
+    if cls not in _KEEPS_LOGITS:
+        try:
+            _KEEPS_LOGITS[cls] = "logits_to_keep" in inspect.signature(module.forward).parameters
+        except (TypeError, ValueError):
+            _KEEPS_LOGITS[cls] = False
+    return _KEEPS_LOGITS[cls]
+
+
+_KEEPS_LOGITS: dict[type, bool] = {}
+
+#: rows share a prefix in a forward pass when it is at least this long (below, the extra pass costs more)
+MIN_SHARED_PREFIX = 16
+
+
+def can_share_prefix(model) -> bool:
+    """Whether `forward_logprobs` can read a prefix shared by the rows once for `model`: a causal LM with
+    full attention (sdpa or eager) that takes `logits_to_keep`, not partitioned by ZeRO-3."""
+    from trajlake.collect.policies.hf import cache_unsupported
+
+    module = getattr(model, "module", model)
+    stage = getattr(model, "zero_optimization_stage", None)
+    return ((stage is None or stage() < 3) and accepts_logits_to_keep(model)
+            and cache_unsupported(module) is None)
+
+
+def shared_prefix(input_ids: torch.Tensor, attention_mask: torch.Tensor, limit: int) -> int:
+    """Length of the longest prefix of real tokens that every row of a right-padded (B, T) batch starts
+    with, at most `limit`."""
+    if input_ids.shape[0] < 2 or limit < 1:
+        return 0
+    n = min(limit, int(attention_mask.sum(-1).min()))
+    if n < 1 or not bool(attention_mask[:, :n].all()):
+        return 0
+    differs = (input_ids[:, :n] != input_ids[:1, :n]).any(0).nonzero()
+    return int(differs[0, 0]) if len(differs) else n
+
+
+def _shared_forward(model, ids: torch.Tensor, attn: torch.Tensor, prefix: int, keep: int) -> torch.Tensor:
+    """The logits of the last `keep` positions, reading `prefix` tokens common to every row once: a pass
+    over one row's prefix keeps its keys and values (with their gradient), every row's rest attends to
+    them. Same logits (and gradients) as one pass over the full rows."""
+    b = ids.shape[0]
+    out = model(input_ids=ids[:1, :prefix], attention_mask=attn[:1, :prefix], use_cache=True, logits_to_keep=1)
+    cache = out.past_key_values
+    for layer in cache.layers:  # a view per row: the gradients of the rows add up in the prefix pass
+        layer.keys = layer.keys.expand(b, -1, -1, -1)
+        layer.values = layer.values.expand(b, -1, -1, -1)
+    return model(input_ids=ids[:, prefix:], attention_mask=attn, past_key_values=cache, use_cache=True,
+                 logits_to_keep=keep).logits
+
+
 def forward_logprobs(model, input_ids: torch.Tensor, attention_mask: torch.Tensor, *, temperature: float = 1.0,
-                     entropy: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
+                     entropy: bool = False, start: int = 0, share_prefix: bool = False,
+                     entropy_grad: bool = True) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Log-probs of each token given the ones before it, (B, T), 0 at position 0 (no token before it); with
     `entropy`, the entropy of the distribution each token was drawn from, (B, T). Logits are divided by the
-    sampling `temperature`, as the sampler did."""
+    sampling `temperature`, as the sampler did.
+
+    `start` > 0: only the tokens after position `start` are scored (the caller masks the others, e.g. the
+    first prompt), so a model that takes `logits_to_keep` computes logits from position `start` on only;
+    the log-probs and entropies of positions 0..start are then 0. `share_prefix` (with `start`): a prefix
+    of up to `start` tokens that every row starts with (a GRPO group's prompt) is read once for all rows,
+    when `can_share_prefix(model)`. `entropy_grad` False: the entropy is a metric only (no gradient)."""
     dev = device()
     ids, attn = input_ids.to(dev), attention_mask.to(dev)
-    logits = model(input_ids=ids, attention_mask=attn, use_cache=False).logits[:, :-1]
+    T = ids.shape[1]
+    start = start if 0 < start < T - 1 and accepts_logits_to_keep(model) else 0
+    prefix = shared_prefix(ids, attn, start) if share_prefix and start else 0
+    if prefix >= MIN_SHARED_PREFIX and can_share_prefix(model):
+        logits = _shared_forward(model, ids, attn, prefix, T - start)[:, -(T - start):-1]
+    elif start:
+        logits = model(input_ids=ids, attention_mask=attn, use_cache=False, logits_to_keep=T - start).logits
+        logits = logits[:, -(T - start):-1]
+    else:
+        logits = model(input_ids=ids, attention_mask=attn, use_cache=False).logits[:, :-1]
     if temperature != 1.0:
         logits = logits / temperature
-    lp = F.pad(log_probs_from_logits(logits, ids[:, 1:]), (1, 0))
-    ent = F.pad(entropy_from_logits(logits), (1, 0)) if entropy else None
+    lp = F.pad(log_probs_from_logits(logits, ids[:, start + 1:]), (start + 1, 0))
+    ent = None
+    if entropy:
+        with torch.set_grad_enabled(entropy_grad and torch.is_grad_enabled()):
+            ent = F.pad(entropy_from_logits(logits), (start + 1, 0))
     return lp, ent
+
+
+def first_scored(loss_mask: torch.Tensor) -> int:
+    """The `start` of forward_logprobs for a (B, T) loss mask: the position before its first scored token
+    (0: score every token)."""
+    cols = (loss_mask > 0).any(0).nonzero()
+    return max(int(cols[0, 0]) - 1, 0) if len(cols) else 0
 
 
 def forward_values(critic, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:

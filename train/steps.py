@@ -34,6 +34,12 @@ class Prepared:
     ref_logprobs: torch.Tensor | None = None
     values: torch.Tensor | None = None
     is_weights: torch.Tensor | None = None
+    #: pi_old of the rows the actor trains on is the update's own log-probs, detached (see `on_policy`):
+    #: `old_logprobs` then holds only the other rows' (0 where not needed)
+    on_policy: bool = False
+    #: with `on_policy`: (sum, count) of behaviour - old over the rows not trained, for the behaviour_kl
+    #: metric the update completes
+    behaviour_kl_rest: tuple[float, float] = (0.0, 0.0)
 
 
 class Meter:
@@ -61,19 +67,42 @@ def _take(x: torch.Tensor | None, idx: list[int], width: int) -> torch.Tensor | 
     return None if x is None else x[torch.as_tensor(idx, dtype=torch.long), :width].to(E.device())
 
 
-def _micro(batch: Batch, rows: list[int], cfg: TrainConfig, world: int, rank: int):
+def _micro(batch: Batch, rows: list[int], cfg: TrainConfig, world: int, rank: int, share: bool = False):
     """This process's micro-batches of `rows`: (sub-batch, its row indices); as many on every process (a
-    process short of rows runs a fully masked one-row micro-batch, so collectives line up)."""
+    process short of rows runs a fully masked one-row micro-batch, so collectives line up). With `share`
+    (the forward reads a prefix common to a micro-batch's rows once), rows are grouped by group id instead
+    of by length alone when that makes less to compute (a GRPO group's samples share their prompt)."""
     lengths = batch.lengths
     per_rank = -(-len(rows) // world)
     count = max(1, -(-per_rank // cfg.micro_batch))
-    for mb in micro_batches(lengths, shard(rows, lengths, rank, world), cfg.micro_batch, count):
+    mine = shard(rows, lengths, rank, world)
+    groups = micro_batches(lengths, mine, cfg.micro_batch, count)
+    if share and len(mine) > 1:
+        by_group = micro_batches(lengths, mine, cfg.micro_batch, count, keys=batch.group_ids)
+        if by_group != groups and _tokens_read(batch, by_group) < _tokens_read(batch, groups):
+            groups = by_group
+    for mb in groups:
         if mb:
             yield batch.rows(mb), mb
         else:
             sub = batch.rows([rows[0]], width=min(2, batch.input_ids.shape[1]))
             sub.loss_mask = torch.zeros_like(sub.loss_mask)
             yield sub, [rows[0]]
+
+
+def _tokens_read(batch: Batch, groups: list[list[int]]) -> int:
+    """Positions a forward pass computes over the micro-batches `groups` (padding included), a prefix
+    shared by a micro-batch's rows counted once."""
+    total = 0
+    for mb in groups:
+        if not mb:
+            continue
+        sub = batch.rows(mb)
+        width = sub.input_ids.shape[1]
+        prefix = E.shared_prefix(sub.input_ids, sub.attention_mask, E.first_scored(sub.loss_mask))
+        prefix = prefix if prefix >= E.MIN_SHARED_PREFIX else 0
+        total += prefix + len(mb) * (width - prefix)
+    return total
 
 
 def _denominator(batch: Batch, rows: list[int], cfg: TrainConfig, world: int) -> float:
@@ -83,10 +112,12 @@ def _denominator(batch: Batch, rows: list[int], cfg: TrainConfig, world: int) ->
 
 
 @torch.no_grad()
-def per_token(batch: Batch, cfg: TrainConfig, fn: Callable[[Batch], torch.Tensor], engines: E.Engines) -> torch.Tensor:
-    """`fn(sub_batch) -> (b, t)` over the whole batch, each process computing a share: (B, T) on every one."""
+def per_token(batch: Batch, cfg: TrainConfig, fn: Callable[[Batch], torch.Tensor], engines: E.Engines, *,
+              share: bool = False) -> torch.Tensor:
+    """`fn(sub_batch) -> (b, t)` over the whole batch, each process computing a share: (B, T) on every one.
+    `share`: `fn` reads a prefix shared by a micro-batch's rows once (see `_micro`)."""
     out = torch.zeros(batch.input_ids.shape, dtype=torch.float32)
-    for sub, idx in _micro(batch, list(range(batch.size)), cfg, engines.world, engines.rank):
+    for sub, idx in _micro(batch, list(range(batch.size)), cfg, engines.world, engines.rank, share):
         if sub.loss_mask.any():
             out[torch.as_tensor(idx), :sub.input_ids.shape[1]] = fn(sub).float().cpu()
         else:
@@ -96,29 +127,69 @@ def per_token(batch: Batch, cfg: TrainConfig, fn: Callable[[Batch], torch.Tensor
     return out
 
 
+def _has_dropout(model) -> bool:
+    """Whether the module has active dropout (then train-mode log-probs differ from eval-mode ones)."""
+    module = getattr(model, "module", model)
+    if any(isinstance(m, torch.nn.Dropout) and m.p > 0 for m in module.modules()):
+        return True
+    config = getattr(module, "config", None)
+    items = config.to_dict().items() if hasattr(config, "to_dict") else ()
+    return any(("dropout" in k or "pdrop" in k) and isinstance(v, (int, float)) and not isinstance(v, bool)
+               and v > 0 for k, v in items)
+
+
+def on_policy(engines: E.Engines, batch: Batch, cfg: TrainConfig) -> bool:
+    """Whether pi_old of the recompute is exactly the actor as the update finds it, so the update's own
+    log-probs (detached) can stand for it and the extra forward pass over the batch is saved: one epoch
+    whose actor rows fit one mini-batch (a single optimizer step, after every micro-batch's loss), no
+    dropout (train- and eval-mode passes agree), the actor trained every iteration (no critic warm-up), and
+    nothing needing pi_old before the update (is_cap, a KL penalty in the rewards)."""
+    return (cfg.old_logprobs == "recompute" and cfg.epochs == 1 and batch.size <= cfg.minibatch_size
+            and cfg.critic_warmup == 0 and cfg.is_cap is None
+            and not (engines.ref is not None and cfg.kl_mode == "reward")
+            and not _has_dropout(engines.actor))
+
+
+def _actor_rows(advantages: torch.Tensor, mask: torch.Tensor, cfg: TrainConfig) -> torch.Tensor:
+    """(B,) bool: the rows the actor's update trains on (drop_zero_advantage leaves out rows without signal)."""
+    if not cfg.drop_zero_advantage:
+        return torch.ones(advantages.shape[0], dtype=torch.bool)
+    return (advantages * mask != 0).any(-1)
+
+
+def _old_logprobs(engines: E.Engines, batch: Batch, cfg: TrainConfig) -> torch.Tensor:
+    share = E.can_share_prefix(engines.actor)
+    return per_token(batch, cfg, lambda s: E.forward_logprobs(engines.actor, s.input_ids, s.attention_mask,
+                                                              temperature=cfg.temperature,
+                                                              start=E.first_scored(s.loss_mask),
+                                                              share_prefix=share)[0], engines, share=share)
+
+
 def prepare(engines: E.Engines, batch: Batch, cfg: TrainConfig, kl_ctl) -> tuple[Prepared, dict[str, float]]:
     """Old and reference log-probs, values, KL penalty, advantages for a batch (no gradient)."""
     metrics: dict[str, float] = {}
     mask = batch.loss_mask
     behaviour = torch.nan_to_num(batch.behaviour_logprobs, nan=0.0)
     has_behaviour = ~torch.isnan(batch.behaviour_logprobs) | (mask == 0)
+    both = has_behaviour & (mask > 0) & ~torch.isnan(batch.behaviour_logprobs)
     engines.actor.eval()
+    lazy = on_policy(engines, batch, cfg)
     if cfg.old_logprobs == "behaviour":
         if not bool(has_behaviour.all()):
             bad = batch.episode_ids[int((~has_behaviour).any(-1).nonzero()[0, 0])]
             raise TrajlakeError(f"episode {bad} has no behaviour log-probs (a text policy played it): use "
                                 "old_logprobs = recompute")
         old = behaviour * mask
+    elif lazy:
+        old = torch.zeros_like(mask)  # filled in below for the rows the actor does not train on
     else:
-        old = per_token(batch, cfg, lambda s: E.forward_logprobs(engines.actor, s.input_ids, s.attention_mask,
-                                                                 temperature=cfg.temperature)[0], engines)
+        old = _old_logprobs(engines, batch, cfg)
     is_weights = None
     if cfg.is_cap is not None:
         w = torch.exp((old - behaviour).clamp(-20, 20)).clamp(max=cfg.is_cap)
         is_weights = torch.where(has_behaviour & (mask > 0), w, torch.ones_like(w))
         metrics["is_weight_mean"] = float((is_weights * mask).sum() / mask.sum().clamp(min=1))
-    both = has_behaviour & (mask > 0) & ~torch.isnan(batch.behaviour_logprobs)
-    if both.any():
+    if both.any() and not lazy:
         metrics["behaviour_kl"] = float((behaviour - old)[both].mean())  # k1 estimate of KL(mu || pi_old)
     ref = None
     rewards = batch.token_rewards.clone()
@@ -139,17 +210,27 @@ def prepare(engines: E.Engines, batch: Batch, cfg: TrainConfig, kl_ctl) -> tuple
         lam=cfg.lam, whiten=cfg.whiten_advantages, norm_by_std=cfg.norm_adv_by_std)
     m = mask > 0
     metrics.update(adv_mean=float(adv[m].mean()), adv_abs_mean=float(adv[m].abs().mean()))
-    prep = Prepared(batch, old * mask, adv.float(), ret.float(), rewards, ref, values, is_weights)
+    rest = (0.0, 0.0)
+    if lazy:  # pi_old of the rows not trained on is needed only for the behaviour_kl metric
+        others = (~_actor_rows(adv, mask, cfg) & both.any(-1)).nonzero()[:, 0].tolist()
+        if others:
+            sub = batch.rows(others, width=batch.input_ids.shape[1])
+            old[others] = _old_logprobs(engines, sub, cfg)
+            sel = both[others]
+            rest = (float((behaviour[others] - old[others])[sel].sum()), float(sel.sum()))
+    prep = Prepared(batch, old * mask, adv.float(), ret.float(), rewards, ref, values, is_weights, on_policy=lazy,
+                    behaviour_kl_rest=rest)
     return prep, metrics
 
 
 def minibatch_step(engine, batch: Batch, rows: list[int], cfg: TrainConfig, engines: E.Engines,
-                   micro_loss: Callable, meter: Meter, prefix: str = "") -> None:
+                   micro_loss: Callable, meter: Meter, prefix: str = "", share: bool = False) -> None:
     """One optimizer step of `engine` over the mini-batch `rows`: `micro_loss(sub, idx, denominator)` gives
-    each micro-batch's (loss, metrics); the step's loss and gradient norm go to `meter`."""
+    each micro-batch's (loss, metrics); the step's loss and gradient norm go to `meter`. `share`: the loss's
+    forward reads a prefix shared by a micro-batch's rows once (see `_micro`)."""
     engine.train()
     denom = _denominator(batch, rows, cfg, engines.world)
-    micro = list(_micro(batch, rows, cfg, engines.world, engines.rank))
+    micro = list(_micro(batch, rows, cfg, engines.world, engines.rank, share))
     sums = {"loss": 0.0}
     for k, (sub, idx) in enumerate(micro):
         boundary = k == len(micro) - 1
@@ -202,12 +283,22 @@ def rl_update(engines: E.Engines, prep: Prepared, cfg: TrainConfig, kl_ctl, *, s
     w_of = lambda sub: sub.input_ids.shape[1]  # noqa: E731
     loss_kw = dict(agg_mode=cfg.agg_mode, norm_constant=cfg.norm_constant)
 
+    share = E.can_share_prefix(engines.actor)
+
     def actor_loss(sub: Batch, idx: list[int], denom: float):
-        w = w_of(sub)
+        w, mask = w_of(sub), sub.loss_mask.to(E.device())
         lp, ent = E.forward_logprobs(engines.actor, sub.input_ids, sub.attention_mask,
-                                     temperature=cfg.temperature, entropy=True)
-        return actor_loss_terms(lp, ent, sub.loss_mask.to(E.device()), cfg, kl_ctl, denom,
-                                old_logprobs=_take(prep.old_logprobs, idx, w),
+                                     temperature=cfg.temperature, entropy=True, start=E.first_scored(sub.loss_mask),
+                                     share_prefix=share, entropy_grad=cfg.entropy_coef > 0)
+        if prep.on_policy:  # one optimizer step: pi_old is the actor as it is now
+            old = lp.detach() * mask
+            beh = sub.behaviour_logprobs.to(E.device())
+            both = (mask > 0) & ~torch.isnan(beh)
+            if both.any():
+                meter.add("behaviour_kl", float((beh - old)[both].mean()), float(both.sum()))
+        else:
+            old = _take(prep.old_logprobs, idx, w)
+        return actor_loss_terms(lp, ent, mask, cfg, kl_ctl, denom, old_logprobs=old,
                                 advantages=_take(prep.advantages, idx, w),
                                 is_weights=_take(prep.is_weights, idx, w),
                                 ref_logprobs=_take(prep.ref_logprobs, idx, w))
@@ -226,6 +317,8 @@ def rl_update(engines: E.Engines, prep: Prepared, cfg: TrainConfig, kl_ctl, *, s
     if cfg.drop_zero_advantage:
         actor_rows = set(signal.nonzero()[:, 0].tolist())
     meter.add("actor_sequences", len(actor_rows))
+    if prep.on_policy and prep.behaviour_kl_rest[1] and engines.rank == 0:  # the rows not trained on
+        meter.add("behaviour_kl", prep.behaviour_kl_rest[0] / prep.behaviour_kl_rest[1], prep.behaviour_kl_rest[1])
     for _ in range(cfg.epochs):
         perm = torch.randperm(batch.size, generator=gen).tolist()
         if engines.critic is not None:
@@ -235,7 +328,7 @@ def rl_update(engines: E.Engines, prep: Prepared, cfg: TrainConfig, kl_ctl, *, s
         kept = [i for i in perm if i in actor_rows] if train_actor else []
         for start in range(0, len(kept), cfg.minibatch_size):
             rows = kept[start:start + cfg.minibatch_size]
-            minibatch_step(engines.actor, batch, rows, cfg, engines, actor_loss, meter)
+            minibatch_step(engines.actor, batch, rows, cfg, engines, actor_loss, meter, share=share)
             tokens += int(batch.attention_mask[torch.as_tensor(rows)].sum())
     out = meter.result()
     if prep.ref_logprobs is not None and cfg.kl_mode == "loss" and "kl" in out:
@@ -247,10 +340,12 @@ def rl_update(engines: E.Engines, prep: Prepared, cfg: TrainConfig, kl_ctl, *, s
 
 def sft_loss(engines: E.Engines, cfg: TrainConfig):
     """The SFT micro-batch loss: cross-entropy (minus log-likelihood) on response tokens only."""
+    share = E.can_share_prefix(engines.actor)
 
     def loss_fn(sub: Batch, idx: list[int], denom: float):
         mask = sub.loss_mask.to(E.device())
-        lp, _ = E.forward_logprobs(engines.actor, sub.input_ids, sub.attention_mask)
+        lp, _ = E.forward_logprobs(engines.actor, sub.input_ids, sub.attention_mask,
+                                   start=E.first_scored(sub.loss_mask), share_prefix=share)
         loss = aggregate(-lp, mask, cfg.agg_mode, denominator=denom, norm_constant=cfg.norm_constant)
         with torch.no_grad():
             nll = float((-lp * mask).sum() / mask.sum().clamp(min=1))
@@ -262,5 +357,6 @@ def sft_loss(engines: E.Engines, cfg: TrainConfig):
 def sft_update(engines: E.Engines, batch: Batch, rows: list[int], cfg: TrainConfig) -> dict[str, float]:
     """One SFT optimizer step over the mini-batch `rows`."""
     meter = Meter()
-    minibatch_step(engines.actor, batch, rows, cfg, engines, sft_loss(engines, cfg), meter)
+    minibatch_step(engines.actor, batch, rows, cfg, engines, sft_loss(engines, cfg), meter,
+                   share=E.can_share_prefix(engines.actor))
     return meter.result()
