@@ -9,13 +9,15 @@ from __future__ import annotations
 
 import json
 import random
+import re
 import threading
 import time
 import uuid
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta, timezone
 from datetime import time as datetime_time
+from pathlib import Path
 from typing import Any, Literal
 
 import duckdb
@@ -23,7 +25,7 @@ import polars as pl
 import pyarrow as pa
 
 from trajlake.schemas.tables import TABLES, duckdb_type, table_def
-from trajlake.store import extensions
+from trajlake.store import extensions, objectstore
 from trajlake.store.errors import CatalogError, LakeLockedError, SnapshotError, TrajlakeError
 from trajlake.store.uri import CatalogURI, parse_uri
 from trajlake.store.validate import conform
@@ -69,17 +71,12 @@ class Lake:
         catalog.prepare()
         con = extensions.connect(catalog.extensions)
         try:
-            con.execute(catalog.attach_sql(ALIAS))
-        except duckdb.Error as e:
+            if catalog.remote:
+                objectstore.configure(con, catalog.data_path)
+            catalog = _attach(con, catalog)
+        except BaseException:
             con.close()
-            msg = str(e)
-            if "Could not set lock" in msg or "Conflicting lock" in msg:
-                holder = msg.split("Conflicting lock is held in", 1)[-1].split("See also")[0].strip()
-                raise LakeLockedError(
-                    f"lake {catalog.raw} is open in another process ({holder}); a DuckDB-file catalog admits "
-                    "one process at a time: for several processes use a sqlite:FILE or postgres:CONNINFO lake"
-                ) from None
-            raise CatalogError(f"cannot open lake {catalog.raw}: {_first_line(msg)}") from None
+            raise
         lake = cls(con, catalog)
         lake._ensure_tables()
         return lake
@@ -120,6 +117,10 @@ class Lake:
 
     def __exit__(self, *exc: Any) -> None:
         self.close()
+
+    def _explain(self, error: Exception) -> str:
+        """An error's first line; for data on object storage, with the server's reason and what to check."""
+        return objectstore.explain(str(error), self.catalog.data_path)
 
     def _cursor(self) -> duckdb.DuckDBPyConnection:
         with self._lock:
@@ -218,7 +219,7 @@ class Lake:
                 if attempt + 1 < MAX_RETRIES and any(s in str(e).lower() for s in _RETRYABLE):
                     time.sleep(min(0.01 * 2**attempt, 0.5) * (0.5 + random.random()))
                     continue
-                raise TrajlakeError(f"{stage}: write failed, nothing was stored: {_first_line(str(e))}") from e
+                raise TrajlakeError(f"{stage}: write failed, nothing was stored: {self._explain(e)}") from e
             finally:
                 cur.close()
         raise AssertionError("unreachable")
@@ -256,7 +257,7 @@ class Lake:
                     return pl.DataFrame() if output == "polars" else pa.table({})
                 table = rel.to_arrow_table() if hasattr(rel, "to_arrow_table") else rel.fetch_arrow_table()
             except duckdb.Error as e:
-                raise TrajlakeError(f"query failed: {_first_line(str(e))}") from None
+                raise TrajlakeError(f"query failed: {self._explain(e)}") from None
             return pl.from_arrow(table) if output == "polars" else table
         finally:
             cur.close()
@@ -314,7 +315,7 @@ class Lake:
                 f"CALL ducklake_delete_orphaned_files('{ALIAS}', older_than => now() - to_microseconds(?))", cutoff
             ).fetchall())
         except duckdb.Error as e:
-            raise TrajlakeError(f"maintain failed: {_first_line(str(e))}") from None
+            raise TrajlakeError(f"maintain failed: {self._explain(e)}") from None
         finally:
             cur.close()
         done["snapshot"] = self.current_snapshot()
@@ -361,6 +362,41 @@ class Lake:
             _rollback(cur)
             raise
         return n
+
+
+def _attach(con: duckdb.DuckDBPyConnection, catalog: CatalogURI) -> CatalogURI:
+    """Attach the lake; returns the catalog URI as opened (with the catalog's own data path when the URI left
+    it to the default and the lake keeps its data on object storage)."""
+    try:
+        con.execute(catalog.attach_sql(ALIAS))
+        return catalog
+    except duckdb.Error as e:
+        msg = str(e)
+    if "Could not set lock" in msg or "Conflicting lock" in msg:
+        holder = msg.split("Conflicting lock is held in", 1)[-1].split("See also")[0].strip()
+        raise LakeLockedError(
+            f"lake {catalog.raw} is open in another process ({holder}); a DuckDB-file catalog admits "
+            "one process at a time: for several processes use a sqlite:FILE or postgres:CONNINFO lake"
+        ) from None
+    hint = ""
+    if "does not match existing data path" in msg:
+        stored = re.search(r'existing data path in the catalog "(.*?)"', msg)
+        if not catalog.data_path_given and stored and objectstore.is_remote(stored.group(1)):
+            # the URI left data_path to the default, and the lake keeps its data on object storage: use that
+            objectstore.check_data_path(stored.group(1))
+            opened = replace(catalog, data_path=stored.group(1))
+            for name in opened.extensions:
+                if name not in catalog.extensions:
+                    con.load_extension(str(extensions.extension_path(name)))
+            objectstore.configure(con, opened.data_path)
+            opened = _attach(con, opened)
+            try:  # the unused default data folder prepare() made, if it is empty
+                Path(catalog.data_path).rmdir()
+            except OSError:
+                pass
+            return opened
+        hint = " (leave data_path out to use the catalog's)" if catalog.data_path_given else ""
+    raise CatalogError(f"cannot open lake {catalog.raw}: {_first_line(msg)}{hint}") from None
 
 
 def _is_json_col(table: str, column: str) -> bool:
