@@ -628,3 +628,24 @@ def test_agentgym_unreachable_server_at_start_is_a_clear_error(tiny, untouched):
     with pytest.raises(TrajlakeError, match="cannot connect"):
         collect(config, untouched)  # the task list itself comes from the server: nothing to play
 
+
+
+def test_task_offset_skips_tasks_and_run_policy_needs_a_checkpoint(tmp_path, tmp_path_factory):
+    from trajlake.collect.policies import resolve_policy_spec
+
+    model = str(tiny_model_dir(tmp_path_factory))
+    base = dict(env="doors", policy="scripted:doors", tokenizer=model, tasks=3, difficulty=1, progress=False)
+    with Lake.open(str(tmp_path / "lake")) as lake:
+        ids = {}
+        for name, offset in (("a", 0), ("b", 2)):
+            collect(CollectConfig(**base, task_offset=offset, run_id=name), lake)
+            ids[name] = lake.query("SELECT task_id FROM episodes WHERE run_id = ? ORDER BY task_id",
+                                   [name])["task_id"].to_list()
+        assert ids["b"][0] == ids["a"][2] and len(ids["b"]) == 3  # doors/train/1/2, /3, /4
+        with pytest.raises(TrajlakeError, match="train run 'r' has no checkpoint"):
+            resolve_policy_spec(lake, "run:r")
+        assert resolve_policy_spec(lake, "hf:x") == "hf:x"
+    with pytest.raises(TrajlakeError, match="task_offset must be >= 0"):
+        CollectConfig(**base, task_offset=-1)
+    with pytest.raises(TrajlakeError, match="unknown run_kind"):
+        CollectConfig(**base, run_kind="train")

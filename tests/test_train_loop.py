@@ -170,3 +170,22 @@ def test_module_entry_point(model, tmp_path, capsys):
     cfg.write_text(f'model = "{model}"\nlearning_rate = 1\n')
     assert main(["--config", str(cfg), "--lake", lake_uri]) == 1
     assert "learning_rate" in capsys.readouterr().err
+
+
+def test_iterations_rotate_through_the_split_and_run_names_a_checkpoint(model, lake):
+    cfg = small_cfg(model, run_id="rot", tasks=2, samples=2, iterations=2, minibatch_size=4, micro_batch=4)
+    train(cfg, lake)
+    tasks = {rid: set(lake.query("SELECT DISTINCT task_id FROM episodes WHERE run_id = ?", [rid])["task_id"])
+             for rid in ("rot/it-1", "rot/it-2")}
+    assert len(tasks["rot/it-1"]) == 2 and not tasks["rot/it-1"] & tasks["rot/it-2"]  # new tasks each iteration
+    kinds = lake.query("SELECT DISTINCT kind, parent_run_id FROM runs WHERE run_id LIKE 'rot/%'").rows()
+    assert kinds == [("collect", "rot")]
+    # model = run:ID starts from that run's last checkpoint, recorded as the new run's parent
+    res = train(small_cfg("run:rot", run_id="next", tasks=2, samples=2, iterations=1, minibatch_size=4,
+                          micro_batch=4, rotate_tasks=False), lake)
+    parent = lake.query("SELECT parent_policy_id FROM policies WHERE policy_id = ?", [res.policy_id])[0, 0]
+    assert parent == "rot/step-2"
+    first = set(lake.query("SELECT DISTINCT task_id FROM episodes WHERE run_id = 'next/it-1'")["task_id"])
+    assert first == tasks["rot/it-1"]  # rotate_tasks = False plays the first tasks of the split
+    with pytest.raises(Exception, match="train run 'nope' has no checkpoint"):
+        train(small_cfg("run:nope", run_id="x"), lake)
