@@ -29,7 +29,9 @@ from trajlake.store import Lake, TrajlakeError
 ROOT = Path(__file__).resolve().parent
 DEFAULT_DATA = ROOT.parent / "shared" / "data" / "agentgym"
 CONFIGS = ROOT / "train" / "configs"
-SYSTEM = "Open the door with the key. Reply: open COLOR."
+#: doors difficulty -> (turn cap, system prompt): level 1 is one step, level 2 hides the key's door on a sign
+LEVELS = {1: (1, "Open the door with the key. Reply: open COLOR."),
+          2: (3, "Open the door with the key. Reply: read sign, or open COLOR.")}
 
 
 @dataclass(frozen=True)
@@ -66,23 +68,33 @@ class DemoConfig:
     """Where the HTML report goes."""
     prefix: str = "demo"
     """Run id prefix (another prefix starts the pipeline afresh in the same lake)."""
+    difficulty: int = 1
+    """doors difficulty: 1 (one step: the text names the door) or 2 (read the sign first, then open)."""
+
+    @property
+    def rollout(self) -> dict:
+        """The rollout settings every stage shares (the policy must be evaluated the way it was trained)."""
+        max_turns, system = LEVELS[self.difficulty]
+        return dict(env="doors", difficulty=self.difficulty, max_turns=max_turns, template="plain",
+                    system_prompt=system, max_new_tokens=8)
 
     def __post_init__(self):
         if self.model not in PRESETS:
             raise TrajlakeError(f"demo: unknown model {self.model!r}; valid: {', '.join(PRESETS)}")
+        if self.difficulty not in LEVELS:
+            raise TrajlakeError(f"demo: difficulty must be one of {', '.join(map(str, LEVELS))}, got {self.difficulty}")
         for name in ("expert_tasks", "sft_steps", "iterations", "tasks", "samples", "micro_batch", "eval_tasks"):
             if getattr(self, name) < 1:
                 raise TrajlakeError(f"demo: {name} must be >= 1, got {getattr(self, name)}")
 
 
-# SmolLM2 is 130x the tiny model: fewer, smaller steps at a pretrained model's learning rates.
+# SmolLM2 is 130x the tiny model: fewer, smaller steps at a pretrained model's learning rates, on the
+# two-step level (one SFT pass already solves level 1, leaving GRPO nothing to learn).
 PRESETS = {
     "tiny": {},
-    "smollm2": dict(expert_tasks=64, sft_steps=12, sft_lr=2e-5, iterations=3, tasks=16, samples=4, lr=2e-6,
+    "smollm2": dict(difficulty=2, expert_tasks=64, sft_steps=3, sft_lr=2e-5, iterations=3, tasks=16, samples=4, lr=2e-6,
                     micro_batch=8, eval_tasks=30, prefix="demo-smollm2", report=Path("reports/demo-smollm2")),
 }
-
-COMMON = dict(env="doors", difficulty=1, max_turns=1, template="plain", system_prompt=SYSTEM, max_new_tokens=8)
 
 
 def build_model(cfg: DemoConfig) -> Path:
@@ -118,7 +130,7 @@ def collect_expert(cfg: DemoConfig, lake: Lake, model: Path) -> None:
     from trajlake.collect.rollout import collect
 
     rid = collect(CollectConfig(policy="scripted:doors", tokenizer=str(model), tasks=cfg.expert_tasks,
-                                run_id=f"{cfg.prefix}-expert", **COMMON), lake)
+                                run_id=f"{cfg.prefix}-expert", **cfg.rollout), lake)
     row = lake.query("SELECT count(*) AS n, avg(success::INT) AS s FROM episodes WHERE run_id = ?", [rid]).row(0)
     console.print(f"run {rid}: {row[0]} expert episodes, success rate {row[1]:.2f}")
 
@@ -127,7 +139,7 @@ def evaluate_policies(cfg: DemoConfig, lake: Lake, policies: list[str], model: P
     from trajlake.evaluate.run import EvalConfig, evaluate
 
     ec = EvalConfig(policies=tuple(policies), split="test", tasks=cfg.eval_tasks, greedy=True, tokenizer=str(model),
-                    **COMMON)
+                    **cfg.rollout)
     return evaluate(ec, lake).summary
 
 
@@ -135,7 +147,7 @@ def train_stage(cfg: DemoConfig, lake: Lake, config_name: str, **overrides):
     from trajlake.train.config import load_config
     from trajlake.train.loop import train
 
-    tc = load_config(CONFIGS / config_name, **overrides)
+    tc = load_config(CONFIGS / config_name, **cfg.rollout, **overrides)
     return train(replace(tc, checkpoint_dir=str(Path("checkpoints").absolute())), lake)
 
 
@@ -176,7 +188,8 @@ def run(cfg: DemoConfig) -> None:
         console.rule("5. SFT warm start on the expert episodes in the store")
         sft_run = f"{cfg.prefix}-sft"
         sft = train_stage(cfg, lake, "sft-doors.toml", run_id=sft_run, model=str(model), sft_steps=cfg.sft_steps,
-                          lr=cfg.sft_lr, sft_filter=f"success AND run_id = '{cfg.prefix}-expert'")
+                          lr=cfg.sft_lr, micro_batch=min(cfg.micro_batch, 16),
+                          sft_filter=f"success AND run_id = '{cfg.prefix}-expert'")
         console.print(f"run {sft.run_id}: policy {sft.policy_id}")
         console.rule(f"6. GRPO: {cfg.iterations} iterations of collect -> score -> update -> checkpoint")
         grpo = train_stage(cfg, lake, "grpo-doors.toml", run_id=f"{cfg.prefix}-grpo", model=f"run:{sft_run}",
@@ -188,7 +201,8 @@ def run(cfg: DemoConfig) -> None:
                   "GRPO": f"policy:{grpo.policy_id}"}
         summary = evaluate_policies(cfg, lake, list(stages.values()), model)
         console.rule("8. results (read back from the store)")
-        console.print(f"held-out greedy success on doors (test split, difficulty 1, {cfg.eval_tasks} tasks), "
+        console.print(f"held-out greedy success on doors (test split, difficulty {cfg.difficulty}, "
+                      f"{cfg.eval_tasks} tasks), "
                       "95% Wilson intervals; policies: " + ", ".join(stages.values()))
         emit(results_table(summary, stages), Format.table, None)
         console.print("GRPO learning curve (sampled rollouts of each iteration, from train_steps):")
@@ -207,7 +221,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--models", type=Path, default=Path("models"), help="where models are built")
     parser.add_argument("--model", choices=tuple(PRESETS), default="tiny", help="the model to train")
     parser.add_argument("--data", type=Path, default=DEFAULT_DATA, help="folder of AgentGym parquet files")
-    for name in ("expert_tasks", "sft_steps", "iterations", "tasks", "samples", "micro_batch", "eval_tasks"):
+    for name in ("difficulty", "expert_tasks", "sft_steps", "iterations", "tasks", "samples", "micro_batch",
+                 "eval_tasks"):
         parser.add_argument(f"--{name.replace('_', '-')}", type=int, default=None, help=f"override {name}")
     parser.add_argument("--report", type=Path, default=None, help="report folder (default reports/demo)")
     parser.add_argument("--prefix", default=None, help="run id prefix (default demo)")
