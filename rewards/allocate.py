@@ -1,4 +1,4 @@
-"""Allocation of episode rewards to tokens, as a query over turn spans: the `token_rewards` view.
+"""Allocation of episode rewards to tokens, as queries over turn spans: the `reward_spans` and `token_rewards` views.
 
 token_rewards(spec_id, episode_id, turn, position, reward): position is the index in the episode's full
 token sequence (the concatenation of prompt and response ids over its turns); only non-zero entries.
@@ -12,53 +12,73 @@ The strategy and gamma come from each spec's stored content, so one view serves 
   R (the outcome part) on the episode's last agent token.
 
 Turns with no agent tokens carry nothing (a process reward on such a turn is dropped).
+
+reward_spans(spec_id, episode_id, turn, position, length, reward) is the same allocation run-length
+encoded: one row per agent segment (or per single token) whose `length` consecutive positions from
+`position` on all get `reward`. Every strategy gives each token of a span the same value, so token_rewards
+is exactly the expansion of reward_spans (one row per position, the very same reward value), and a
+consumer that can take spans (a trainer filling a reward tensor slice per segment, a per-episode sum)
+reads one row per agent segment instead of one per agent token.
 """
 
 from __future__ import annotations
 
-SEGMENTS_SQL = """
-WITH lens AS (  -- NULL token lists count as empty
-    SELECT episode_id, turn, coalesce(len(prompt_token_ids), 0) AS np, coalesce(len(response_token_ids), 0) AS n
-    FROM turns
-), spans AS (
-    SELECT episode_id, turn, n,
-           CAST(sum(np + n) OVER (PARTITION BY episode_id ORDER BY turn ROWS UNBOUNDED PRECEDING) - n
-                AS BIGINT) AS start  -- sum() is HUGEINT, which Arrow would read as decimal128
-    FROM lens
-), alloc AS MATERIALIZED (  -- each spec's strategy and gamma, parsed once per spec and not per segment row
+# One pass over the turns of the scored episodes: their token counts, then one window (every frame over the
+# same partition and order, so one sort) for each agent segment's start position, the agent tokens after it,
+# the episode's agent tokens and the running total of its process rewards. `after = 0` marks the last
+# segment (no agent token follows it), `n > 0` the turns that have agent tokens. (Two UNION ALL branches, one
+# for per_turn with the turn_rewards join and one without it, were no faster and made DuckDB 1.5.5 hang when
+# the query had a prepared parameter.)
+REWARD_SPANS_SQL = """
+WITH alloc AS MATERIALIZED (  -- each spec's strategy and gamma, parsed once per spec and not per segment row
     SELECT spec_id, json_extract_string(spec, '$.allocation.strategy') AS strategy,
            coalesce(TRY_CAST(json_extract(spec, '$.allocation.gamma') AS DOUBLE), 1.0) AS gamma
     FROM reward_specs
+), lens AS (  -- NULL token lists count as empty
+    SELECT r.spec_id, r.episode_id, t.turn, r.total, a.strategy, a.gamma,
+           -- INTEGER: window sums of BIGINT run on HUGEINT, several times slower
+           CAST(coalesce(len(t.prompt_token_ids), 0) AS INTEGER) AS np,
+           CAST(coalesce(len(t.response_token_ids), 0) AS INTEGER) AS n
+    FROM episode_rewards r JOIN alloc a USING (spec_id) JOIN turns t USING (episode_id)
+), proc AS (  -- per_turn only: each turn's process reward
+    SELECT l.*, CASE WHEN l.strategy = 'per_turn' THEN coalesce(tr.reward, 0) ELSE 0 END AS process
+    FROM lens l LEFT JOIN turn_rewards tr
+         ON tr.spec_id = l.spec_id AND tr.episode_id = l.episode_id AND tr.turn = l.turn
 ), segs AS (
-    SELECT r.spec_id, s.episode_id, s.turn, s.n, s.start, r.total, sp.strategy, sp.gamma,
-           sum(s.n) OVER (PARTITION BY r.spec_id, s.episode_id) AS agent_total,
-           coalesce(sum(s.n) OVER (PARTITION BY r.spec_id, s.episode_id ORDER BY s.turn
-                                   ROWS BETWEEN 1 FOLLOWING AND UNBOUNDED FOLLOWING), 0) AS after,
-           s.turn = max(s.turn) OVER (PARTITION BY r.spec_id, s.episode_id) AS last_seg
-    FROM spans s JOIN episode_rewards r USING (episode_id) JOIN alloc sp USING (spec_id)
-    WHERE s.n > 0
-), per_turn AS (
-    SELECT g.*, coalesce(tr.reward, 0) AS process,
-           sum(coalesce(tr.reward, 0)) OVER (PARTITION BY g.spec_id, g.episode_id) AS process_total
-    FROM segs g LEFT JOIN turn_rewards tr USING (spec_id, episode_id, turn)
-    WHERE g.strategy = 'per_turn'
+    SELECT spec_id, episode_id, turn, total, strategy, gamma, n, process,
+           -- sum() is HUGEINT, which Arrow would read as decimal128
+           CAST(sum(np + n) OVER upto - n AS BIGINT) AS start,
+           CAST(sum(n) OVER whole - sum(n) OVER upto AS BIGINT) AS after,
+           CAST(sum(n) OVER whole AS BIGINT) AS agent_total,
+           -- the process rewards on the segments up to this one, in turn order (the reference's order): on
+           -- the last segment, all of them. (A double sum over a whole ordered frame is an ordered aggregate
+           -- in DuckDB 1.5.5, 20-40x slower than this running sum.)
+           sum(CASE WHEN n > 0 THEN process ELSE 0 END) OVER upto AS process_total
+    FROM proc
+    WINDOW upto AS (PARTITION BY spec_id, episode_id ORDER BY turn ROWS UNBOUNDED PRECEDING),
+           whole AS (PARTITION BY spec_id, episode_id ORDER BY turn
+                     ROWS BETWEEN UNBOUNDED PRECEDING AND UNBOUNDED FOLLOWING)
+), valued AS (
+    SELECT spec_id, episode_id, turn, start, n,
+           strategy = 'discounted' OR (strategy = 'uniform_positive' AND total > 0) AS every_token,
+           CASE strategy
+               WHEN 'last_token' THEN CASE WHEN after = 0 THEN total ELSE 0 END
+               WHEN 'uniform_positive' THEN CASE WHEN total > 0 THEN total / agent_total
+                                                 WHEN after = 0 THEN total ELSE 0 END
+               WHEN 'discounted' THEN total * pow(gamma, after) / n
+               WHEN 'per_turn' THEN process + CASE WHEN after = 0 THEN total - process_total ELSE 0 END
+           END AS reward
+    FROM segs WHERE n > 0
 )
+SELECT spec_id, episode_id, turn,
+       CASE WHEN every_token THEN start ELSE start + n - 1 END AS position,
+       CASE WHEN every_token THEN n ELSE 1 END AS length,
+       reward
+FROM valued WHERE reward <> 0
 """
 
-TOKEN_REWARDS_SQL = SEGMENTS_SQL + """
-SELECT spec_id, episode_id, turn, start + n - 1 AS position, total AS reward
-FROM segs WHERE strategy = 'last_token' AND last_seg AND total <> 0
-UNION ALL
-SELECT spec_id, episode_id, turn, start + i AS position, total / agent_total AS reward
-FROM segs, range(n) AS r(i) WHERE strategy = 'uniform_positive' AND total > 0
-UNION ALL
-SELECT spec_id, episode_id, turn, start + n - 1 AS position, total AS reward
-FROM segs WHERE strategy = 'uniform_positive' AND total < 0 AND last_seg
-UNION ALL
-SELECT spec_id, episode_id, turn, start + i AS position, total * pow(gamma, after) / n AS reward
-FROM segs, range(n) AS r(i) WHERE strategy = 'discounted' AND total <> 0
-UNION ALL
-SELECT spec_id, episode_id, turn, start + n - 1 AS position,
-       process + CASE WHEN last_seg THEN total - process_total ELSE 0 END AS reward
-FROM per_turn WHERE process + CASE WHEN last_seg THEN total - process_total ELSE 0 END <> 0
+TOKEN_REWARDS_SQL = f"""
+WITH spans AS ({REWARD_SPANS_SQL})
+SELECT spec_id, episode_id, turn, position + i AS position, reward
+FROM spans, range(length) AS r(i)
 """

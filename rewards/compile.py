@@ -41,8 +41,27 @@ def turn_columns(spec: RewardSpec) -> dict[str, str]:
     return cols
 
 
-def compile_query(spec: RewardSpec, *, where: str | None = None, only_new: bool = True) -> str:
-    """The scoring query: one row per episode with spec_id, episode_id, total, components."""
+#: The previous turn's observation: a window over every turn, the most expensive part of a query that has it.
+PREV_OBSERVATION = ", lag(observation) OVER (PARTITION BY episode_id ORDER BY turn) AS prev_observation"
+
+
+def needs_prev_observation(spec: RewardSpec) -> bool:
+    """Whether a component reads `prev_observation`: the new_observation signal, or an expr naming it."""
+    return any(c.kind == "process" and (c.params.get("signal") == "new_observation"
+                                        or "prev_observation" in (c.params.get("expr") or "").lower())
+               for c in spec.components)
+
+
+def compile_query(spec: RewardSpec, *, where: str | None = None, only_new: bool = True,
+                  components: str = "map") -> str:
+    """The scoring query: one row per episode with spec_id, episode_id, total, components.
+
+    components="map": the components as one MAP column (name -> value); components="columns": one DOUBLE
+    column c_<name> per component instead (`score` builds the map in Arrow, where it costs nothing, while
+    DuckDB's MAP() checks each row's keys).
+    """
+    if components not in ("map", "columns"):
+        raise ValueError(f"components must be 'map' or 'columns', got {components!r}")
     aggregates: dict[str, str] = {}
     values: dict[str, str] = {}
     py_joins = []
@@ -60,17 +79,15 @@ def compile_query(spec: RewardSpec, *, where: str | None = None, only_new: bool 
     total = " + ".join(f"{c.weight!r} * c_{c.name}" for c in spec.components)
     names = ", ".join(sql_str(c.name) for c in spec.components)
     weighted = ", ".join(f"c_{c.name}" for c in spec.components)
-    # the window over every turn is the query's most expensive part: only process components need it
-    prev = (", lag(observation) OVER (PARTITION BY episode_id ORDER BY turn) AS prev_observation"
-            if any(c.kind == "process" for c in spec.components) else "")
+    out = f"MAP([{names}], [{weighted}]) AS components" if components == "map" else weighted
+    prev = PREV_OBSERVATION if needs_prev_observation(spec) else ""
     return f"""
 WITH ep AS ({episodes_cte(spec, where, only_new)}),
 tu0 AS (SELECT *{prev} FROM turns WHERE episode_id IN (SELECT episode_id FROM ep)),
 tu AS (SELECT *{tcols} FROM tu0),
 {agg_cte},
 vals AS (SELECT ep.episode_id, {comp_cols} FROM ep LEFT JOIN agg USING (episode_id) {' '.join(py_joins)})
-SELECT {sql_str(spec.spec_id)} AS spec_id, episode_id, {total} AS total,
-       MAP([{names}], [{weighted}]) AS components
+SELECT {sql_str(spec.spec_id)} AS spec_id, episode_id, {total} AS total, {out}
 FROM vals ORDER BY episode_id
 """
 
@@ -83,6 +100,6 @@ def turn_rewards_query(spec: RewardSpec, episode_ids_table: str) -> str | None:
     expr = " + ".join(f"{c.weight!r} * ({sql})" for c, cols in parts for sql in cols.values())
     return f"""
 SELECT {sql_str(spec.spec_id)} AS spec_id, episode_id, turn, CAST({expr} AS DOUBLE) AS reward
-FROM (SELECT *, lag(observation) OVER (PARTITION BY episode_id ORDER BY turn) AS prev_observation
+FROM (SELECT *{PREV_OBSERVATION if needs_prev_observation(spec) else ""}
       FROM turns WHERE episode_id IN (SELECT episode_id FROM {episode_ids_table}))
 """

@@ -148,8 +148,9 @@ register(ComponentKind(
     {"success": 1.0, "failure": -1.0},
     _goal_check,
     _none,
-    # arg_max_null: the last turn's score even when it is NULL (arg_max would skip to an earlier turn's)
-    lambda n, p: {f"{n}__score": "arg_max_null(TRY_CAST(json_extract(info, '$.score') AS DOUBLE), turn)"},
+    # arg_max_null: the last turn's info even when it is NULL (arg_max would skip to an earlier turn's); its
+    # JSON is parsed once per episode, not once per turn
+    lambda n, p: {f"{n}__score": "TRY_CAST(json_extract(arg_max_null(info, turn), '$.score') AS DOUBLE)"},
     lambda n, p: (f"CASE WHEN ep.success THEN {_num(p['success'])} "
                   f"WHEN ep.status = 'ok' AND ep.success = false THEN {_num(p['failure'])} "
                   f"ELSE coalesce(agg.{n}__score, ep.env_reward, 0) END"),

@@ -12,6 +12,7 @@ import math
 from dataclasses import dataclass
 from datetime import datetime, timezone
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
@@ -60,6 +61,24 @@ def _python_tables(lake: Lake, spec: RewardSpec, where: str | None, snapshot: in
     return tables
 
 
+def with_components_map(result: pa.Table, spec: RewardSpec) -> pa.Table:
+    """(spec_id, episode_id, total, c_<name>...) -> (spec_id, episode_id, total, components MAP), built in Arrow.
+
+    The map of row i holds its components in spec order: the values are the c_ columns interleaved by row
+    (a take over their concatenation, so NULLs stay NULL).
+    """
+    names = [c.name for c in spec.components]
+    rows, k = result.num_rows, len(names)
+    cols = [result[f"c_{n}"].combine_chunks() for n in names]
+    order = (np.arange(rows)[:, None] + np.arange(k)[None, :] * rows).ravel()
+    items = pa.concat_arrays([c.cast(pa.float64()) for c in cols]).take(pa.array(order))
+    keys = pa.array(names * rows, pa.string())
+    offsets = pa.array(np.arange(0, rows * k + 1, k, dtype=np.int32))
+    components = pa.MapArray.from_arrays(offsets, keys, items)
+    return pa.table({"spec_id": result["spec_id"], "episode_id": result["episode_id"], "total": result["total"],
+                     "components": components})
+
+
 def check_finite(result: pa.Table, spec: RewardSpec) -> None:
     """NaN or infinite rewards are an error naming the episode and the component."""
     total = result["total"]
@@ -85,7 +104,9 @@ def score(lake: Lake, spec: RewardSpec, *, snapshot: int | None = None, where: s
     """Score the episodes matching `where` at `snapshot` (default: latest) and store the results."""
     snap = lake.current_snapshot() if snapshot is None else snapshot
     tables = _python_tables(lake, spec, where, snap)
-    result = lake.query(compile_query(spec, where=where), snapshot=snap, output="arrow", tables=tables)
+    result = lake.query(compile_query(spec, where=where, components="columns"), snapshot=snap, output="arrow",
+                        tables=tables)
+    result = with_components_map(result, spec)
     check_finite(result, spec)
     rows: dict[str, object] = {
         "reward_specs": [RewardSpecRow(spec.spec_id, spec.name, spec.to_json(), datetime.now(timezone.utc))],

@@ -189,6 +189,14 @@ def check_against_reference(lake: Lake, spec, custom: dict, prefix: str,
         assert r["reward"] != 0, r  # non-zero entries only
         assert r["position"] not in got_tokens[r["episode_id"]], f"position twice: {r}"
         got_tokens[r["episode_id"]][r["position"]] = r["reward"]
+    # reward_spans is the run-length form: its expansion is exactly token_rewards, value for value
+    spans = lake.query(
+        "SELECT episode_id, turn, position, length, reward FROM reward_spans WHERE spec_id = ? AND " + where,
+        [spec.spec_id], output="arrow").to_pylist()
+    assert all(r["length"] >= 1 and r["reward"] != 0 for r in spans), spans
+    expanded = sorted((r["episode_id"], r["turn"], r["position"] + i, r["reward"])
+                      for r in spans for i in range(r["length"]))
+    assert expanded == sorted((r["episode_id"], r["turn"], r["position"], r["reward"]) for r in tokens.to_pylist())
     stored_turns = {(r["episode_id"], r["turn"]): r["reward"] for r in lake.query(
         "SELECT episode_id, turn, reward FROM turn_rewards WHERE spec_id = ? AND " + where,
         [spec.spec_id], output="arrow").to_pylist()}
