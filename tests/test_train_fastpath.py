@@ -124,3 +124,34 @@ def test_several_steps_still_recompute(model):
         eng = E.build_engines(cfg, str(model))
         prep, _ = S.prepare(eng, collate(seqs, eng.pad_id), cfg, make_kl_controller("fixed", 0.0))
         assert not prep.on_policy and prep.old_logprobs.abs().sum() > 0, kw
+
+
+def test_prefix_of_the_whole_minibatch_is_read_once(model, monkeypatch):
+    # the system prompt every row starts with is one Context for all micro-batches; the gradient is the same
+    seqs = grouped(4, 4, scores=[0, 1, 0, 1] * 4, seed=3)
+    cfg = small_cfg(model, minibatch_size=16, micro_batch=4, lr=1e-3)
+    made, read = [], []
+    monkeypatch.setattr(E, "prefix_context", lambda *a, _f=E.prefix_context: made.append(1) or _f(*a))
+    monkeypatch.setattr(E, "_context_forward", lambda *a, _f=E._context_forward: read.append(1) or _f(*a))
+    _, fast, p_fast = _step(cfg, model, seqs, fast=True)
+    assert len(made) == 1 and len(read) == 4  # one prefix pass, four micro-batches starting from it
+    monkeypatch.undo()
+    _, slow, p_slow = _step(cfg, model, seqs, monkeypatch, fast=False)
+    for k in ("loss", "pg_loss", "grad_norm", "entropy"):
+        assert fast[k] == pytest.approx(slow[k], rel=1e-4, abs=1e-5), k
+    assert torch.allclose(p_fast, p_slow, atol=1e-4)
+
+
+def test_sft_step_with_shared_prefixes_matches(model, monkeypatch):
+    seqs = grouped(3, 2, seed=4)
+    results = []
+    for fast in (True, False):
+        if not fast:
+            monkeypatch.setattr(E, "can_share_prefix", lambda m: False)
+        cfg = small_cfg(model, algo="sft", minibatch_size=6, micro_batch=2, lr=1e-3)
+        eng = E.build_engines(cfg, str(model))
+        m = S.sft_update(eng, collate(seqs, eng.pad_id), list(range(6)), cfg)
+        results.append((m, flat_params(eng.actor.module)))
+    (fast, p_fast), (slow, p_slow) = results
+    assert fast["nll"] == pytest.approx(slow["nll"], rel=1e-5) and fast["grad_norm"] == pytest.approx(slow["grad_norm"])
+    assert torch.allclose(p_fast, p_slow, atol=1e-4)

@@ -264,6 +264,62 @@ def shared_prefix(input_ids: torch.Tensor, attention_mask: torch.Tensor, limit: 
     return int(differs[0, 0]) if len(differs) else n
 
 
+@dataclass
+class Context:
+    """Keys and values (per layer, (1, heads, length, head_dim)) of a prefix that every row of a mini-batch
+    starts with (a system prompt), computed once for all its micro-batches (see `prefix_context`). Under
+    autograd the micro-batches read detached copies, whose gradients `context_loss` sends back through the
+    one prefix pass."""
+
+    length: int
+    keys: list[torch.Tensor]
+    values: list[torch.Tensor]
+    source: list[torch.Tensor] | None = None  # the prefix pass's keys then values, in its graph
+
+
+def prefix_context(model, ids: torch.Tensor) -> Context:
+    """One pass over `ids` (1, L): the Context of that prefix. (The pass runs on the module itself, outside
+    a DeepSpeed engine's output hooks: its gradient arrives through `context_loss`.)"""
+    model = getattr(model, "module", model)
+    ids = ids.to(device())
+    out = model(input_ids=ids, attention_mask=torch.ones_like(ids), use_cache=True, logits_to_keep=1)
+    keys = [layer.keys for layer in out.past_key_values.layers]
+    values = [layer.values for layer in out.past_key_values.layers]
+    if not torch.is_grad_enabled():
+        return Context(ids.shape[1], keys, values)
+    return Context(ids.shape[1], [k.detach().requires_grad_() for k in keys],
+                   [v.detach().requires_grad_() for v in values], keys + values)
+
+
+def context_loss(context: Context) -> torch.Tensor | None:
+    """A scalar whose gradient is what the micro-batches' losses sent into the context's keys and values,
+    carried through the prefix pass (its backward adds the prefix's share of every gradient)."""
+    leaves = context.keys + context.values
+    terms = [(src * leaf.grad).sum() for src, leaf in zip(context.source or [], leaves, strict=True)
+             if leaf.grad is not None]
+    return torch.stack(terms).sum() if terms else None
+
+
+def _context_forward(model, ids: torch.Tensor, attn: torch.Tensor, context: Context, prefix: int,
+                     keep: int) -> torch.Tensor:
+    """`_shared_forward` starting from a Context: the rows' common prefix from the context's end on is
+    read once (one row), the rest of every row attends to both."""
+    from transformers import DynamicCache
+
+    b = ids.shape[0]
+    cache = DynamicCache(config=getattr(model, "module", model).config)
+    for i, (k, v) in enumerate(zip(context.keys, context.values, strict=True)):
+        cache.update(k, v, i)
+    if prefix > context.length:
+        model(input_ids=ids[:1, context.length:prefix], attention_mask=attn[:1, :prefix], past_key_values=cache,
+              use_cache=True, logits_to_keep=1)
+    for layer in cache.layers:
+        layer.keys = layer.keys.expand(b, -1, -1, -1)
+        layer.values = layer.values.expand(b, -1, -1, -1)
+    return model(input_ids=ids[:, prefix:], attention_mask=attn, past_key_values=cache, use_cache=True,
+                 logits_to_keep=keep).logits
+
+
 def _shared_forward(model, ids: torch.Tensor, attn: torch.Tensor, prefix: int, keep: int) -> torch.Tensor:
     """The logits of the last `keep` positions, reading `prefix` tokens common to every row once: a pass
     over one row's prefix keeps its keys and values (with their gradient), every row's rest attends to
@@ -280,6 +336,7 @@ def _shared_forward(model, ids: torch.Tensor, attn: torch.Tensor, prefix: int, k
 
 def forward_logprobs(model, input_ids: torch.Tensor, attention_mask: torch.Tensor, *, temperature: float = 1.0,
                      entropy: bool = False, start: int = 0, share_prefix: bool = False,
+                     context: Context | None = None,
                      entropy_grad: bool = True) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Log-probs of each token given the ones before it, (B, T), 0 at position 0 (no token before it); with
     `entropy`, the entropy of the distribution each token was drawn from, (B, T). Logits are divided by the
@@ -289,13 +346,18 @@ def forward_logprobs(model, input_ids: torch.Tensor, attention_mask: torch.Tenso
     first prompt), so a model that takes `logits_to_keep` computes logits from position `start` on only;
     the log-probs and entropies of positions 0..start are then 0. `share_prefix` (with `start`): a prefix
     of up to `start` tokens that every row starts with (a GRPO group's prompt) is read once for all rows,
-    when `can_share_prefix(model)`. `entropy_grad` False: the entropy is a metric only (no gradient)."""
+    when `can_share_prefix(model)`; `context`: the Context of a prefix every row starts with (of at most
+    `start` tokens), from which that pass starts. `entropy_grad` False: the entropy is a metric only."""
     dev = device()
     ids, attn = input_ids.to(dev), attention_mask.to(dev)
     T = ids.shape[1]
     start = start if 0 < start < T - 1 and accepts_logits_to_keep(model) else 0
     prefix = shared_prefix(ids, attn, start) if share_prefix and start else 0
-    if prefix >= MIN_SHARED_PREFIX and can_share_prefix(model):
+    if context is not None and ids.shape[0] == 1:  # a lone row shares everything with itself
+        prefix = start
+    if context is not None and start and prefix >= context.length:
+        logits = _context_forward(model, ids, attn, context, prefix, T - start)[:, -(T - start):-1]
+    elif prefix >= MIN_SHARED_PREFIX and can_share_prefix(model):
         logits = _shared_forward(model, ids, attn, prefix, T - start)[:, -(T - start):-1]
     elif start:
         logits = model(input_ids=ids, attention_mask=attn, use_cache=False, logits_to_keep=T - start).logits

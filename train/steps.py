@@ -223,19 +223,34 @@ def prepare(engines: E.Engines, batch: Batch, cfg: TrainConfig, kl_ctl) -> tuple
     return prep, metrics
 
 
+def _context(engine, batch: Batch, rows: list[int], engines: E.Engines, n_micro: int) -> E.Context | None:
+    """The Context of the prefix every row of the mini-batch starts with (a system prompt), when there are
+    several micro-batches to read it for and one process (with several, each would need its own)."""
+    if engines.world != 1 or n_micro < 2 or not rows:
+        return None
+    sub = batch.rows(rows)
+    length = E.shared_prefix(sub.input_ids, sub.attention_mask, E.first_scored(sub.loss_mask))
+    if length < E.MIN_SHARED_PREFIX:
+        return None
+    return E.prefix_context(engine, sub.input_ids[:1, :length])
+
+
 def minibatch_step(engine, batch: Batch, rows: list[int], cfg: TrainConfig, engines: E.Engines,
                    micro_loss: Callable, meter: Meter, prefix: str = "", share: bool = False) -> None:
     """One optimizer step of `engine` over the mini-batch `rows`: `micro_loss(sub, idx, denominator)` gives
     each micro-batch's (loss, metrics); the step's loss and gradient norm go to `meter`. `share`: the loss's
-    forward reads a prefix shared by a micro-batch's rows once (see `_micro`)."""
+    forward reads a prefix shared by a micro-batch's rows once (see `_micro`), and a prefix shared by the
+    whole mini-batch once for all micro-batches: then `micro_loss(sub, idx, denominator, context)`, and the
+    prefix's share of the gradient goes back through its one pass before the step."""
     engine.train()
     denom = _denominator(batch, rows, cfg, engines.world)
     micro = list(_micro(batch, rows, cfg, engines.world, engines.rank, share))
+    ctx = _context(engine, batch, rows, engines, len(micro)) if share else None
     sums = {"loss": 0.0}
     for k, (sub, idx) in enumerate(micro):
-        boundary = k == len(micro) - 1
+        boundary = k == len(micro) - 1 and ctx is None
         engine.set_gradient_accumulation_boundary(boundary)
-        loss, metrics = micro_loss(sub, idx, denom)
+        loss, metrics = micro_loss(sub, idx, denom, ctx) if share else micro_loss(sub, idx, denom)
         engine.backward(loss, scale_wrt_gas=False)
         sums["loss"] += float(loss.detach())
         weight = float(sub.loss_mask.sum())
@@ -248,6 +263,12 @@ def minibatch_step(engine, batch: Batch, rows: list[int], cfg: TrainConfig, engi
             meter.add(prefix + "grad_norm", E.optimizer_step(engine))
         else:
             engine.step()
+    if ctx is not None:  # the shared prefix's share of the gradient (none when no micro-batch read it)
+        engine.set_gradient_accumulation_boundary(True)
+        surrogate = E.context_loss(ctx)
+        engine.backward(surrogate if surrogate is not None else torch.zeros((), requires_grad=True),
+                        scale_wrt_gas=False)
+        meter.add(prefix + "grad_norm", E.optimizer_step(engine))
     for name, v in sums.items():  # averaged over processes, these are the mini-batch's losses
         meter.add(prefix + name, v)
 
@@ -285,11 +306,11 @@ def rl_update(engines: E.Engines, prep: Prepared, cfg: TrainConfig, kl_ctl, *, s
 
     share = E.can_share_prefix(engines.actor)
 
-    def actor_loss(sub: Batch, idx: list[int], denom: float):
+    def actor_loss(sub: Batch, idx: list[int], denom: float, context: E.Context | None = None):
         w, mask = w_of(sub), sub.loss_mask.to(E.device())
         lp, ent = E.forward_logprobs(engines.actor, sub.input_ids, sub.attention_mask,
                                      temperature=cfg.temperature, entropy=True, start=E.first_scored(sub.loss_mask),
-                                     share_prefix=share, entropy_grad=cfg.entropy_coef > 0)
+                                     share_prefix=share, context=context, entropy_grad=cfg.entropy_coef > 0)
         if prep.on_policy:  # one optimizer step: pi_old is the actor as it is now
             old = lp.detach() * mask
             beh = sub.behaviour_logprobs.to(E.device())
@@ -342,10 +363,10 @@ def sft_loss(engines: E.Engines, cfg: TrainConfig):
     """The SFT micro-batch loss: cross-entropy (minus log-likelihood) on response tokens only."""
     share = E.can_share_prefix(engines.actor)
 
-    def loss_fn(sub: Batch, idx: list[int], denom: float):
+    def loss_fn(sub: Batch, idx: list[int], denom: float, context: E.Context | None = None):
         mask = sub.loss_mask.to(E.device())
         lp, _ = E.forward_logprobs(engines.actor, sub.input_ids, sub.attention_mask,
-                                   start=E.first_scored(sub.loss_mask), share_prefix=share)
+                                   start=E.first_scored(sub.loss_mask), share_prefix=share, context=context)
         loss = aggregate(-lp, mask, cfg.agg_mode, denominator=denom, norm_constant=cfg.norm_constant)
         with torch.no_grad():
             nll = float((-lp * mask).sum() / mask.sum().clamp(min=1))
