@@ -8,15 +8,18 @@ with a score) in a temp dir, appended in a few big Arrow batches, then computes 
 (goal + format + length_penalty + env_reward + sql, discounted allocation) two ways:
 
 * query: `rewards.score.score` (the compiled query over the pinned snapshot, the NaN/inf check, and storing
-  episode_rewards in a new snapshot), then the token allocation from the `token_rewards` view, materialised
-  as per-episode (sum of rewards, token count) for every episode, and, separately timed, written in full
-  (one row per rewarded token) to a parquet file. Everything the query side does is inside its timing:
-  reading the parquet files of the lake, computing, writing the results.
+  episode_rewards in a new snapshot), then the token allocation from the `reward_spans` view (one row per
+  agent segment: first position, length, the reward of each of its tokens; the `token_rewards` view is its
+  exact expansion, one row per token), reduced in SQL to per-episode (sum of rewards, token count) for
+  every episode. Everything the query side does is inside its timing: reading the parquet files of the
+  lake, computing, writing the results. Reported apart, not in the ratio: the same reduction through the
+  per-token view (checked equal), fetching every span into Arrow, and writing every token reward to parquet.
 * python: OpenManus-RL's way (RewardComposer.compute_total_reward, then the allocation loop over agent
-  segments), i.e. `rewards.reference.episode_reward` and `rewards.reference.allocate` called once per
-  trajectory. Its input rows are first read from the same lake snapshot into Python (Arrow -> dicts and
-  lists, grouped by episode): that load is timed separately and reported, and the ratio is given both
-  without it (loop only, the fairest to Python) and with it.
+  segments), i.e. `rewards.reference.episode_reward` and `rewards.reference.allocate` (a dict entry per
+  token) called once per trajectory; and the same loop with the seed's own allocation code (a zero tensor
+  per trajectory, one slice assignment per segment). Its input rows are first read from the same lake
+  snapshot into Python (Arrow -> dicts and lists, grouped by episode): that load is timed separately and
+  reported, and the ratio is given both without it (loop only, the fairest to Python) and with it.
 
 With `--python-turns N` smaller than `--turns`, the Python side loads and loops over the first N turns'
 episodes only, and its times are extrapolated linearly to all turns (the output says so). The two sides'
@@ -161,18 +164,39 @@ def build_lake(lake, args) -> tuple[int, int]:
 
 
 # ---- the two sides --------------------------------------------------------------------------------------
+SPANS_PER_EPISODE = """
+SELECT episode_id, sum(reward * length) AS reward_sum, sum(length) AS tokens
+FROM reward_spans WHERE spec_id = ? GROUP BY episode_id
+"""
+TOKENS_PER_EPISODE = """
+SELECT episode_id, sum(reward) AS reward_sum, count(*) AS tokens
+FROM token_rewards WHERE spec_id = ? GROUP BY episode_id
+"""
+
+
 def query_side(lake, spec, snapshot: int, out_dir: Path, write_parquet: bool) -> dict:
     from trajlake.rewards.score import score
 
-    t0 = time.perf_counter()
+    t0, c0 = time.perf_counter(), time.process_time()
     result = score(lake, spec, snapshot=snapshot)
     t_score = time.perf_counter() - t0
+    # the allocation, run-length encoded: every agent segment's span (first position, length, per-token
+    # reward) is computed; the per-token rows are their exact expansion (the token_rewards view)
     t0 = time.perf_counter()
-    alloc = lake.query(
-        "SELECT episode_id, sum(reward) AS reward_sum, count(*) AS tokens FROM token_rewards "
-        "WHERE spec_id = ? GROUP BY episode_id", [spec.spec_id], output="arrow")
+    alloc = lake.query(SPANS_PER_EPISODE, [spec.spec_id], output="arrow")
     t_alloc = time.perf_counter() - t0
-    out = {"result": result, "score_s": t_score, "alloc_s": t_alloc, "alloc": alloc}
+    out = {"result": result, "score_s": t_score, "alloc_s": t_alloc, "alloc": alloc,
+           "cpu_s": time.process_time() - c0}
+    # not in the ratio: the same through the per-token view (one row per rewarded token), and the whole
+    # span relation fetched into Arrow (what a trainer reads)
+    t0 = time.perf_counter()
+    out["tokens_alloc"] = lake.query(TOKENS_PER_EPISODE, [spec.spec_id], output="arrow")
+    out["tokens_s"] = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    spans = lake.query("SELECT episode_id, turn, position, length, reward FROM reward_spans WHERE spec_id = ?",
+                       [spec.spec_id], output="arrow")
+    out["spans_s"], out["spans_rows"] = time.perf_counter() - t0, spans.num_rows
+    del spans
     if write_parquet:
         path = out_dir / "token_rewards.parquet"
         t0 = time.perf_counter()
@@ -182,6 +206,18 @@ def query_side(lake, spec, snapshot: int, out_dir: Path, write_parquet: bool) ->
         out["parquet_rows"] = lake.query(f"SELECT count(*) AS n FROM read_parquet('{path}')")["n"][0]
         out["parquet_mb"] = path.stat().st_size / 2**20
     return out
+
+
+def same_allocation(spans: pa.Table, tokens: pa.Table) -> float:
+    """The per-episode (sum, count) of reward_spans and of token_rewards agree; returns the max |sum diff|."""
+    a = {r["episode_id"]: (r["reward_sum"], r["tokens"]) for r in spans.to_pylist()}
+    b = {r["episode_id"]: (r["reward_sum"], r["tokens"]) for r in tokens.to_pylist()}
+    if a.keys() != b.keys() or any(a[k][1] != b[k][1] for k in a):
+        raise SystemExit("MISMATCH between reward_spans and token_rewards (episodes or token counts)")
+    worst = max((abs(a[k][0] - b[k][0]) for k in a), default=0.0)
+    if any(not math.isclose(a[k][0], b[k][0], rel_tol=1e-9, abs_tol=1e-9) for k in a):
+        raise SystemExit(f"MISMATCH between reward_spans and token_rewards sums (max |diff| {worst})")
+    return worst
 
 
 def load_python_inputs(lake, snapshot: int, episode_limit: int | None) -> list[tuple[dict, list[dict]]]:
@@ -203,19 +239,82 @@ def load_python_inputs(lake, snapshot: int, episode_limit: int | None) -> list[t
     return grouped
 
 
-def python_side(spec, data: list[tuple[dict, list[dict]]]) -> tuple[float, dict]:
-    """OpenManus-RL style: per trajectory, the composed reward, then the allocation over its tokens."""
+def python_side(spec, data: list[tuple[dict, list[dict]]]) -> tuple[float, float, float, dict]:
+    """OpenManus-RL style: per trajectory, the composed reward, then the allocation over its tokens.
+
+    Returns (loop time, of which summarising each allocation for the check, the loop's CPU time without
+    that summary (pro rata), per-episode results)."""
     from trajlake.rewards import reference
 
+    custom = {"sql": sql_component}
+    strategy, gamma = spec.allocation.strategy, spec.allocation.gamma
+    out = {}
+    summary_s = 0.0
+    t0, c0 = time.perf_counter(), time.process_time()
+    for ep, turns in data:
+        total, comps = reference.episode_reward(spec, ep, turns, custom)
+        alloc = reference.allocate(strategy, gamma, total, turns)
+        t1 = time.perf_counter()  # the check's summary of each allocation is no part of the seed's work
+        out[ep["episode_id"]] = (total, comps, math.fsum(alloc.values()), len(alloc))
+        summary_s += time.perf_counter() - t1
+    wall, cpu = time.perf_counter() - t0, time.process_time() - c0
+    return wall, summary_s, cpu - summary_s * cpu / wall, out
+
+
+def seed_allocate(strategy: str, gamma: float, total: float, turns: list[dict]):
+    """OpenManus-RL's own allocation code (`_convert_rollout_results_to_dataproto`): the agent segments' (start,
+    end) in the full sequence, a zero tensor of its length, one slice assignment per segment. The seed's
+    tensor is float32; float64 here, so the result can be checked to 1e-9 (the speed is the same)."""
+    import torch
+
+    segments, pos = [], 0
+    for t in turns:
+        pos += len(t.get("prompt_token_ids") or [])
+        n = len(t.get("response_token_ids") or [])
+        if n:
+            segments.append((pos, pos + n - 1))
+        pos += n
+    rewards = torch.zeros(pos, dtype=torch.float64)
+    if segments:
+        if strategy == "last_token":
+            rewards[segments[-1][1]] = total
+        elif strategy == "uniform_positive":
+            if total > 0:
+                per_token = total / max(1, sum(e - s + 1 for s, e in segments))
+                for s, e in segments:
+                    rewards[s:e + 1] = per_token
+            elif total < 0:
+                rewards[segments[-1][1]] = total
+        elif strategy == "discounted":
+            current = total
+            for s, e in reversed(segments):
+                n = e - s + 1
+                rewards[s:e + 1] = current / n
+                current *= gamma ** n
+        else:
+            raise KeyError(f"the seed has no {strategy} allocation")
+    return rewards
+
+
+def python_side_seed(spec, data: list[tuple[dict, list[dict]]]) -> tuple[float, dict]:
+    """The same loop with the seed's tensor allocation in place of reference.allocate's dict per token."""
+    import torch
+
+    from trajlake.rewards import reference
+
+    torch.set_num_threads(1)
     custom = {"sql": sql_component}
     strategy, gamma = spec.allocation.strategy, spec.allocation.gamma
     out = {}
     t0 = time.perf_counter()
     for ep, turns in data:
         total, comps = reference.episode_reward(spec, ep, turns, custom)
-        alloc = reference.allocate(strategy, gamma, total, turns)
-        out[ep["episode_id"]] = (total, comps, math.fsum(alloc.values()), len(alloc))
-    return time.perf_counter() - t0, out
+        alloc = seed_allocate(strategy, gamma, total, turns)
+        out[ep["episode_id"]] = (total, comps, alloc)
+    loop_s = time.perf_counter() - t0
+    # (not timed) the per-episode (sum, count of non-zero tokens), as the other loop reports them
+    out = {k: (t, c, float(a.sum()), int((a != 0).sum())) for k, (t, c, a) in out.items()}
+    return loop_s, out
 
 
 def compare(lake, spec, query_alloc: pa.Table, python: dict) -> tuple[int, float, float]:
@@ -272,9 +371,13 @@ def main(argv=None) -> int:
         print(f"\n(a) query, over all {args.turns:,} turns:")
         print(f"    score (compile, run over the lake, check, store {q['result'].scored:,} episode_rewards): "
               f"{q['score_s']:8.2f} s")
-        print(f"    token_rewards -> per-episode (sum, count) over {rewarded:,} rewarded tokens:     "
+        print(f"    reward_spans -> per-episode (sum, count), {rewarded:,} rewarded tokens:           "
               f"{q['alloc_s']:8.2f} s")
         print(f"    total                                                                 {query_s:8.2f} s")
+        dtok = same_allocation(q["alloc"], q["tokens_alloc"])
+        print(f"    (not in the total: the same per-episode (sum, count) through the per-token view token_rewards: "
+              f"{q['tokens_s']:.2f} s, equal (max |diff| {dtok:.1e});")
+        print(f"     all {q['spans_rows']:,} spans fetched into Arrow: {q['spans_s']:.2f} s)")
         if "parquet_s" in q:
             print(f"    (separately: every token reward, {q['parquet_rows']:,} rows, to parquet "
                   f"({q['parquet_mb']:.0f} MiB): {q['parquet_s']:.2f} s)")
@@ -285,7 +388,9 @@ def main(argv=None) -> int:
         t0 = time.perf_counter()
         data = load_python_inputs(lake, snapshot, limit)
         load_s = time.perf_counter() - t0
-        loop_s, py = python_side(spec, data)
+        loop_s, summary_s, loop_cpu, py = python_side(spec, data)
+        seed_s, py_seed = (python_side_seed(spec, data) if spec.allocation.strategy != "per_turn"
+                           else (None, None))
         sample_turns = sum(len(t) for _, t in data)
         scale = args.turns / sample_turns
         del data
@@ -296,16 +401,29 @@ def main(argv=None) -> int:
         print(f"    load rows into Python (Arrow -> dicts, grouped by episode): {load_s:8.2f} s"
               + (f" -> {load_s * scale:8.2f} s extrapolated" if scale != 1 else ""))
         print(f"    loop over episodes:                                        {loop_s:8.2f} s"
-              + (f" -> {loop_s * scale:8.2f} s extrapolated" if scale != 1 else ""))
+              + (f" -> {loop_s * scale:8.2f} s extrapolated" if scale != 1 else "")
+              + f" (of which {summary_s:.2f} s summing each allocation for the check)")
+        if seed_s is not None:
+            print(f"    the same loop with the seed's tensor allocation:           {seed_s:8.2f} s"
+                  + (f" -> {seed_s * scale:8.2f} s extrapolated" if scale != 1 else ""))
 
         n, dt, da = compare(lake, spec, q["alloc"], py)
         print(f"\nequal: {n:,} episodes compared: totals and components (max |diff| {dt:.1e}), allocation "
               f"sum (max |diff| {da:.1e}) and rewarded-token count per episode")
-        loop_full, load_full = loop_s * scale, load_s * scale
-        print(f"\nspeed-up of the query (score + allocation, {query_s:.2f} s) over Python"
-              + (" (extrapolated)" if scale != 1 else "") + ":")
-        print(f"    loop only         {loop_full:8.2f} s  ->  {loop_full / query_s:6.1f}x")
-        print(f"    load + loop       {load_full + loop_full:8.2f} s  ->  {(load_full + loop_full) / query_s:6.1f}x")
+        if py_seed is not None:
+            n, dt, da = compare(lake, spec, q["alloc"], py_seed)
+            print(f"       and with the seed's tensor allocation (max |diff| {dt:.1e}, {da:.1e})")
+        loop_full, load_full = (loop_s - summary_s) * scale, load_s * scale
+        print(f"\nspeed-up of the query (score + allocation, {query_s:.2f} s; {q['cpu_s']:.2f} CPU-s on "
+              f"{threads} threads) over Python" + (" (extrapolated)" if scale != 1 else "") + ":")
+        print(f"    loop only (without the check's sums)   {loop_full:8.2f} s  ->  {loop_full / query_s:6.1f}x")
+        if seed_s is not None:
+            print(f"    loop only, seed's tensor allocation    {seed_s * scale:8.2f} s  ->  "
+                  f"{seed_s * scale / query_s:6.1f}x")
+        print(f"    load + loop                            {load_full + loop_full:8.2f} s  ->  "
+              f"{(load_full + loop_full) / query_s:6.1f}x")
+        print(f"    CPU time, loop only (one thread) {loop_cpu * scale:6.2f} CPU-s vs the query's {q['cpu_s']:.2f} "
+              f"CPU-s  ->  {loop_cpu * scale / q['cpu_s']:6.1f}x")
         print(f"(load average at the end: {os.getloadavg()[0]:.1f})")
         lake.close()
     finally:
