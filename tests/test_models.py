@@ -10,8 +10,9 @@ import sys
 import pytest
 import torch
 from safetensors.torch import load_file
-from trajlake.collect.models import build_tiny_model, model_summary
 from transformers import AutoModelForCausalLM, AutoTokenizer
+
+from trajlake.collect.models import build_tiny_model, model_summary
 
 MESSAGES = [
     {"role": "system", "content": "You play a maze game."},
