@@ -1,0 +1,79 @@
+"""bench/train.py at a tiny size: each side runs its iterations and counts trained tokens the same way; the
+TRL side only where TRL is installed (the bench extra)."""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+
+import pytest
+
+from tests.test_rollout import tiny_model_dir
+
+ROOT = Path(__file__).resolve().parents[1]
+TINY = ["--prompts", "2", "--samples", "2", "--max-new-tokens", "4", "--micro-batch", "2", "--repeats", "1",
+        "--threads", "0"]  # threads 0: leave this process's torch threads as they are
+
+
+@pytest.fixture(scope="module")
+def bench():
+    spec = importlib.util.spec_from_file_location("bench_train", ROOT / "bench" / "train.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.fixture(scope="module")
+def model(tmp_path_factory):
+    return str(tiny_model_dir(tmp_path_factory))
+
+
+@pytest.fixture(autouse=True)
+def _threads():
+    """accelerate sets torch's thread count when a process group exists (the train tests make one)."""
+    import torch
+
+    n = torch.get_num_threads()
+    yield
+    torch.set_num_threads(n)
+
+
+def _check(result: dict, args) -> None:
+    its = result["iterations"]
+    assert len(its) == 1 + args.repeats
+    for it in its:
+        assert it["episodes"] == args.prompts * args.samples
+        # the untrained model never says <|im_end|> within 4 tokens: every reply is 4 trained tokens
+        assert 0 < it["tokens"] <= args.prompts * args.samples * args.max_new_tokens
+        assert it["seconds"] > 0
+    assert len(result["prompt_ids"]) == args.prompts
+
+
+def test_trajlake_side(bench, model, tmp_path):
+    args = bench.parse_args(TINY)
+    result = bench.run_trajlake(args, model, tmp_path)
+    _check(result, args)
+    assert all(it["loop_seconds"] <= it["seconds"] for it in result["iterations"][1:])
+    row = bench.summarize(result)
+    assert row["iterations"] == 1 and row["tokens_per_s"] > 0 and row["loop_tokens_per_s"] >= row["tokens_per_s"]
+
+
+def test_trl_side_and_report(bench, model, tmp_path, capsys):
+    pytest.importorskip("trl", reason="TRL is not installed (pip install -e '.[bench]')")
+    args = bench.parse_args(TINY)
+    trl = bench.run_trl(args, model, tmp_path)
+    _check(trl, args)
+    # the report pairs the sides; a fake trajlake result with twice TRL's speed gives a ratio of 2
+    fast = {**trl, "side": "trajlake", "iterations": [
+        {**it, "seconds": it["seconds"] / 2, "loop_seconds": it["seconds"] / 2, "collect_s": 0.0,
+         "update_s": it["seconds"] / 2} for it in trl["iterations"]]}
+    rows = bench.report(args, ["trl", "trajlake"], [{"trl": trl, "trajlake": fast}], (1.0, 1.0, 1.0))
+    assert rows[0]["ratio"] == pytest.approx(2.0)
+    assert "trajlake / TRL tokens/s: 2.00x" in capsys.readouterr().out
+
+
+def test_cli_checks(bench):
+    with pytest.raises(SystemExit):
+        bench.parse_args(["--samples", "1"])
+    with pytest.raises(SystemExit):
+        bench.parse_args(["--prompts", "3", "--samples", "2", "--micro-batch", "4"])
