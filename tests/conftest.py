@@ -26,6 +26,26 @@ def _isolated(tmp_path, monkeypatch):
     monkeypatch.setenv("TRANSFORMERS_OFFLINE", "1")
 
 
+@pytest.fixture(scope="module")
+def one_torch_thread():
+    """One torch thread for a module (`pytestmark = pytest.mark.usefixtures("one_torch_thread")`): the tiny
+    model is overhead-bound, so one thread is faster, and far faster on a busy machine."""
+    import torch
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory) -> Path:
+    """The random-weight tiny model's folder, built once per session."""
+    from tests.test_rollout import tiny_model_dir
+
+    return tiny_model_dir(tmp_path_factory)
+
+
 def pg_conninfo() -> str:
     return os.environ.get(PG_ENV, PG_DEFAULT)
 

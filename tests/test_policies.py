@@ -21,7 +21,6 @@ from tests.test_rollout import (
     cfg,
     episodes_of,
     taught_model_dir,
-    tiny_model_dir,
     turns_by_episode,
     turns_of,
 )
@@ -37,18 +36,7 @@ from trajlake.collect.templates import TEMPLATES, get_template
 from trajlake.schemas import Policy as PolicyRow
 from trajlake.store import Lake, TrajlakeError
 
-
-@pytest.fixture(scope="module", autouse=True)
-def _one_torch_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
-
-
-@pytest.fixture(scope="module")
-def tiny(tmp_path_factory):
-    return tiny_model_dir(tmp_path_factory)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 @pytest.fixture(scope="module")

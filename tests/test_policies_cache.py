@@ -10,22 +10,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-from tests.test_rollout import tiny_model_dir
 from trajlake.collect.policies import Request, SamplingParams
 from trajlake.collect.policies.hf import HFPolicy, cache_unsupported, common_prefix, load_model
 
-
-@pytest.fixture(scope="module", autouse=True)
-def _one_torch_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
-
-
-@pytest.fixture(scope="module")
-def tiny(tmp_path_factory):
-    return tiny_model_dir(tmp_path_factory)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 @pytest.fixture(scope="module")

@@ -86,18 +86,7 @@ def taught_model_dir(tmp_path_factory) -> Path:
     return path
 
 
-@pytest.fixture(scope="module", autouse=True)
-def _one_torch_thread():
-    """The tiny model is overhead-bound: one thread is faster, and far faster on a busy machine."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
-
-
-@pytest.fixture(scope="module")
-def tiny(tmp_path_factory) -> Path:
-    return tiny_model_dir(tmp_path_factory)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 @pytest.fixture(scope="module")
