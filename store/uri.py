@@ -98,8 +98,9 @@ def _use_wal(path: str) -> None:
     try:
         if con.execute("PRAGMA journal_mode").fetchone()[0].lower() != "wal":
             con.execute("PRAGMA journal_mode=WAL")
-    except sqlite3.Error:
-        pass
+    except sqlite3.OperationalError as e:  # "database is locked": another process has it; a later open switches
+        if "locked" not in str(e):
+            raise
     finally:
         con.close()
 

@@ -276,7 +276,7 @@ def _make_cache_classes():
             self.is_initialized = True
 
         def lazy_initialization(self, key_states, value_states) -> None:
-            pass
+            """Nothing to allocate: the layer's keys and values live in the owner's preallocated buffer."""
 
         def update(self, key_states, value_states, *args, **kwargs):
             o = self.owner
