@@ -22,6 +22,7 @@ never well-formed, so every episode runs the same `--max-turns` turns and every 
 from __future__ import annotations
 
 import argparse
+import statistics
 import sys
 import tempfile
 import time
@@ -43,7 +44,15 @@ def parse_args(argv=None) -> argparse.Namespace:
                    help="torch CPU threads (0: torch's default); 1 is fastest for the tiny model on a busy machine")
     p.add_argument("--model", default=None, help="model folder (default: build the tiny model in the temp dir)")
     p.add_argument("--only", choices=("batched", "sequential", "seq+cache"), default=None, help="run one side only")
-    return p.parse_args(argv)
+    p.add_argument("--rounds", type=int, default=1,
+                   help="run the sides this many times (order alternating) and report each round's ratio and the "
+                        "median: one round's ratio swings with the machine's load")
+    args = p.parse_args(argv)
+    if args.rounds < 1:
+        p.error(f"--rounds must be at least 1, got {args.rounds}")
+    if args.episodes < 1 or args.concurrency < 1 or args.max_turns < 1 or args.max_new_tokens < 1:
+        p.error("--episodes, --concurrency, --max-turns and --max-new-tokens must be at least 1")
+    return args
 
 
 def run_side(name: str, args, model_dir: str, model, tokenizer, lake_dir: Path, concurrency: int,
@@ -116,22 +125,29 @@ def main(argv=None) -> int:
         # sequential = the baseline, the seed's way (one sequence at a time, full history re-encoded each
         # turn); seq+cache = one at a time with trajlake's prefix cache, to show what batching alone gives
         sides = [("batched", args.concurrency, True), ("sequential", 1, False), ("seq+cache", 1, True)]
-        results = [run_side(name, args, model_dir, model, tokenizer, tmp / f"lake-{name}", c, cache)
-                   for name, c, cache in sides if args.only in (None, name)]
+        sides = [side for side in sides if args.only in (None, side[0])]
+        rounds = []
+        for r in range(args.rounds):  # odd rounds run the sides in reverse: neither always goes first
+            order = sides if r % 2 == 0 else sides[::-1]
+            done = {name: run_side(name, args, model_dir, model, tokenizer, tmp / f"lake-{name}-{r}", c, cache)
+                    for name, c, cache in order}
+            rounds.append([done[name] for name, _, _ in sides])
 
     print(f"collect throughput: env {args.env} difficulty {args.difficulty}, {args.episodes} episodes, "
           f"max_turns {args.max_turns}, max_new_tokens {args.max_new_tokens}, temperature {args.temperature}, "
           f"torch threads {torch.get_num_threads()}, model {args.model or 'tiny (untrained, built offline)'}")
-    head = (f"{'side':<11}{'conc':>5}{'episodes':>9}{'turns':>7}{'gen tok':>9}{'prompt tok':>11}{'fed tok':>9}"
-            f"{'calls':>7}"
-            f"{'seconds':>9}{'in gen':>8}{'ep/s':>8}{'gen tok/s':>11}")
+    head = (f"{'round':>5} {'side':<11}{'conc':>5}{'episodes':>9}{'turns':>7}{'gen tok':>9}{'prompt tok':>11}"
+            f"{'fed tok':>9}{'calls':>7}{'seconds':>9}{'in gen':>8}{'ep/s':>8}{'gen tok/s':>11}")
     print(head)
-    for r in results:
-        print(f"{r['side']:<11}{r['concurrency']:>5}{r['episodes']:>9}{r['turns']:>7}{r['generated_tokens']:>9}"
-              f"{r['prompt_tokens']:>11}{r['fed_tokens']:>9}{r['generate_calls']:>7}{r['seconds']:>9.2f}"
-              f"{r['generate_seconds'] / r['seconds']:>8.0%}{r['episodes'] / r['seconds']:>8.2f}"
-              f"{r['generated_tokens'] / r['seconds']:>11.0f}")
-    if len(results) >= 2:
+    ratios, alone = [], []
+    for i, results in enumerate(rounds, 1):
+        for r in results:
+            print(f"{i:>5} {r['side']:<11}{r['concurrency']:>5}{r['episodes']:>9}{r['turns']:>7}"
+                  f"{r['generated_tokens']:>9}{r['prompt_tokens']:>11}{r['fed_tokens']:>9}{r['generate_calls']:>7}"
+                  f"{r['seconds']:>9.2f}{r['generate_seconds'] / r['seconds']:>8.0%}"
+                  f"{r['episodes'] / r['seconds']:>8.2f}{r['generated_tokens'] / r['seconds']:>11.0f}")
+        if len(results) < 2:
+            continue
         b, s = results[0], results[1]
         if b["tasks"] != s["tasks"]:
             print("warning: the two sides played different tasks", file=sys.stderr)
@@ -140,12 +156,19 @@ def main(argv=None) -> int:
                   f"{b['generated_tokens']} vs {s['generated_tokens']}); compare tokens/s too", file=sys.stderr)
         ratio = (b["episodes"] / b["seconds"]) / (s["episodes"] / s["seconds"])
         tok_ratio = (b["generated_tokens"] / b["seconds"]) / (s["generated_tokens"] / s["seconds"])
-        print(f"speed-up of batched (concurrency {b['concurrency']}) over sequential (the seed's way): "
+        ratios.append(ratio)
+        print(f"round {i}: speed-up of {b['side']} (concurrency {b['concurrency']}) over {s['side']}"
+              f"{' (the seed' + chr(39) + 's way)' if s['side'] == 'sequential' else ''}: "
               f"{ratio:.1f}x episodes/s, {tok_ratio:.1f}x generated tokens/s")
         if len(results) == 3:
             c = results[2]
-            print(f"batching alone (batched vs seq+cache, both with the prefix cache): "
-                  f"{(b['episodes'] / b['seconds']) / (c['episodes'] / c['seconds']):.1f}x episodes/s")
+            alone.append((b["episodes"] / b["seconds"]) / (c["episodes"] / c["seconds"]))
+            print(f"round {i}: batching alone (batched vs seq+cache, both with the prefix cache): "
+                  f"{alone[-1]:.1f}x episodes/s")
+    if len(ratios) > 1:
+        print(f"speed-up over {len(ratios)} rounds: median {statistics.median(ratios):.1f}x, "
+              f"min {min(ratios):.1f}x, max {max(ratios):.1f}x"
+              + (f"; batching alone median {statistics.median(alone):.1f}x" if alone else ""))
     return 0
 
 

@@ -445,8 +445,6 @@ class HFPolicy(Policy):
     def _mask(self, cols: torch.Tensor, span: int) -> torch.Tensor:
         """(B, 1, q, span): key column k is seen by the query at column c iff k <= c."""
         allowed = torch.arange(span, device=self.device)[None, None, None, :] <= cols[:, None, :, None]
-        if self.model.config._attn_implementation == "sdpa":
-            return allowed
         zero = torch.zeros((), dtype=self._store.dtype, device=self.device)
         return torch.where(allowed, zero, torch.finfo(self._store.dtype).min)
 
