@@ -65,7 +65,7 @@ WITH ev AS (
     WHERE r.kind = 'eval'{runs}
 ), per_episode AS (
     SELECT episode_id, count(*) AS turns, count(*) FILTER (WHERE NOT format_ok) AS format_errors,
-           sum(len(prompt_token_ids) + len(response_token_ids)) AS tokens
+           sum(num_prompt_tokens + num_response_tokens) AS tokens
     FROM turns WHERE episode_id IN (SELECT episode_id FROM ev) GROUP BY episode_id
 )
 SELECT ev.env, ev.policy_id, count(*) AS episodes,

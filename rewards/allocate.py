@@ -34,11 +34,10 @@ WITH alloc AS MATERIALIZED (  -- each spec's strategy and gamma, parsed once per
     SELECT spec_id, json_extract_string(spec, '$.allocation.strategy') AS strategy,
            coalesce(TRY_CAST(json_extract(spec, '$.allocation.gamma') AS DOUBLE), 1.0) AS gamma
     FROM reward_specs
-), lens AS (  -- NULL token lists count as empty
+), lens AS (  -- the token counts the store keeps per turn (INTEGER, 0 for a NULL list), not the id lists
     SELECT r.spec_id, r.episode_id, t.turn, r.total, a.strategy, a.gamma,
            -- INTEGER: window sums of BIGINT run on HUGEINT, several times slower
-           CAST(coalesce(len(t.prompt_token_ids), 0) AS INTEGER) AS np,
-           CAST(coalesce(len(t.response_token_ids), 0) AS INTEGER) AS n
+           t.num_prompt_tokens AS np, t.num_response_tokens AS n
     FROM episode_rewards r JOIN alloc a USING (spec_id) JOIN turns t USING (episode_id)
 ), proc AS (  -- per_turn only: each turn's process reward
     SELECT l.*, CASE WHEN l.strategy = 'per_turn' THEN coalesce(tr.reward, 0) ELSE 0 END AS process

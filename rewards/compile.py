@@ -17,7 +17,7 @@ SELECT ep.*, t.action_texts, t.observations, t.step_rewards, t.format_oks, t.age
 FROM ep LEFT JOIN (
     SELECT episode_id, list(action_text ORDER BY turn) AS action_texts, list(observation ORDER BY turn) AS observations,
            list(step_reward ORDER BY turn) AS step_rewards, list(format_ok ORDER BY turn) AS format_oks,
-           list(len(response_token_ids) ORDER BY turn) AS agent_tokens
+           list(num_response_tokens ORDER BY turn) AS agent_tokens
     FROM turns WHERE episode_id IN (SELECT episode_id FROM ep) GROUP BY episode_id
 ) t USING (episode_id) ORDER BY ep.episode_id
 """

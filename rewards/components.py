@@ -189,7 +189,7 @@ register(ComponentKind(
     _length_check,
     _none,
     lambda n, p: {f"{n}__len": ("arg_max" if p["scope"] == "last" else "sum")
-                  + ("(coalesce(len(response_token_ids), 0)" if p["unit"] == "tokens"
+                  + ("(num_response_tokens" if p["unit"] == "tokens"
                      else "(length(coalesce(action_text, ''))")
                   + (", turn)" if p["scope"] == "last" else ")")},
     _length_value,

@@ -86,6 +86,9 @@ class Turn:
     response_token_ids: Sequence[int] = field(default_factory=tuple)
     response_logprobs: Sequence[float] | None = None
     latency_ms: float | None = None
+    #: set by the store when the turn is written (the lengths of the two id lists); leave them None
+    num_prompt_tokens: int | None = None
+    num_response_tokens: int | None = None
 
 
 @dataclass(frozen=True)

@@ -40,6 +40,14 @@ class TableDef:
     schema: pa.Schema
     key: tuple[str, ...]
     doc: str
+    #: columns the store computes at write time: column -> the list column whose length it holds (0 for a
+    #: null list). Queries read the count instead of decoding every list only to measure it.
+    list_lengths: tuple[tuple[str, str], ...] = ()
+
+    def length_sql(self, column: str, prefix: str = "") -> str:
+        """SQL computing the derived `column` from its list (for lakes and snapshots written before it)."""
+        source = dict(self.list_lengths)[column]
+        return f"CAST(coalesce(len({prefix}{source}), 0) AS INTEGER)"
 
     def ddl(self, catalog: str) -> str:
         """`CREATE TABLE IF NOT EXISTS` for this table in the attached `catalog`."""
@@ -160,9 +168,14 @@ TURNS = TableDef(
         _f("response_token_ids", TOKEN_IDS),
         _f("response_logprobs", LOGPROBS),
         _f("latency_ms", pa.float64()),
+        # Computed by the store at write time (and filled in when an older lake is opened): the lengths of
+        # the two id lists, so allocation and length rewards need not decode every id to count them.
+        _f("num_prompt_tokens", pa.int32()),
+        _f("num_response_tokens", pa.int32()),
     ]),
     ("episode_id", "turn"),
     "One observation -> one reply -> one env step, with exact token ids.",
+    list_lengths=(("num_prompt_tokens", "prompt_token_ids"), ("num_response_tokens", "response_token_ids")),
 )
 
 REWARD_SPECS = TableDef(

@@ -96,9 +96,15 @@ class Lake:
             if tdef.name not in tables:
                 statements.append(tdef.ddl(ALIAS))
                 continue
+            added = [f.name for f in tdef.schema if (tdef.name, f.name) not in existing]
             for f in tdef.schema:
-                if (tdef.name, f.name) not in existing:
+                if f.name in added:
                     statements.append(f"ALTER TABLE {ALIAS}.{tdef.name} ADD COLUMN {f.name} {duckdb_type(f)}")
+            # derived columns new to this lake: computed for the rows already stored, in the same snapshot
+            # (so every snapshot either lacks the column, see `_pin`, or has it filled)
+            fill = [f"{c} = {tdef.length_sql(c)}" for c, _ in tdef.list_lengths if c in added]
+            if fill:
+                statements.append(f"UPDATE {ALIAS}.{tdef.name} SET {', '.join(fill)}")
         options = dict(cur.execute(f"SELECT option_name, value FROM {ALIAS}.options()").fetchall())
         if not statements and options.get("parquet_version") == "V2":
             return
@@ -266,11 +272,16 @@ class Lake:
         ids = [r[0] for r in cur.execute(f"SELECT snapshot_id FROM ducklake_snapshots('{ALIAS}')").fetchall()]
         if snapshot not in ids:
             raise SnapshotError(f"snapshot {snapshot} does not exist (snapshots {min(ids)}..{max(ids)})")
-        for name in TABLES:
+        for name, tdef in TABLES.items():
+            source = f"{ALIAS}.{name} AT (VERSION => {int(snapshot)})"
             try:
-                cur.execute(
-                    f"CREATE TEMP VIEW {name} AS SELECT * FROM {ALIAS}.{name} AT (VERSION => {int(snapshot)})"
-                )
+                cur.execute(f"CREATE TEMP VIEW {name} AS SELECT * FROM {source}")
+                if tdef.list_lengths:  # a snapshot from before the store derived these columns: compute them
+                    have = {d[0] for d in cur.execute(f"SELECT * FROM {name} LIMIT 0").description}
+                    missing = [f"{tdef.length_sql(c)} AS {c}" for c, _ in tdef.list_lengths if c not in have]
+                    if missing:
+                        cur.execute(f"CREATE OR REPLACE TEMP VIEW {name} AS "
+                                    f"SELECT *, {', '.join(missing)} FROM {source}")
             except duckdb.Error:
                 raise SnapshotError(f"snapshot {snapshot} predates table {name}") from None
 

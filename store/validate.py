@@ -95,10 +95,26 @@ def conform(data: Any, tdef: TableDef) -> pa.Table:
         if not f.nullable and col.null_count:
             raise SchemaError(f"{tdef.name}.{f.name}: {col.null_count} null value(s) in a required column")
         columns.append(col)
-    out = pa.Table.from_arrays(columns, schema=schema)
+    out = _fill_list_lengths(pa.Table.from_arrays(columns, schema=schema), tdef)
     _check_json(out, tdef)
     _check_unique_keys(out, tdef)
     return out
+
+
+def _fill_list_lengths(table: pa.Table, tdef: TableDef) -> pa.Table:
+    """Set the columns the store derives from list lengths; values a writer gave must agree with them."""
+    for column, source in tdef.list_lengths:
+        lengths = pc.fill_null(pc.list_value_length(table.column(source)), 0).cast(pa.int32())
+        given = table.column(column)
+        if given.null_count < table.num_rows:
+            wrong = pc.and_kleene(pc.is_valid(given), pc.not_equal(given, lengths))
+            if pc.any(wrong).as_py():
+                i = pc.index(wrong, True).as_py()
+                raise SchemaError(
+                    f"{tdef.name}.{column}: row {i} says {given[i].as_py()} but {source} holds "
+                    f"{lengths[i].as_py()} ids; leave {column} out and the store computes it")
+        table = table.set_column(table.schema.get_field_index(column), table.schema.field(column), lengths)
+    return table
 
 
 _JSON_DB: tuple[int, duckdb.DuckDBPyConnection] | None = None

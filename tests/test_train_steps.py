@@ -157,4 +157,6 @@ def test_gradient_accumulation_gives_the_same_step(model):
         results.append((m["loss"], m["grad_norm"], flat_params(eng.actor.module)))
     (l1, g1, p1), (l2, g2, p2) = results
     assert l1 == pytest.approx(l2, rel=1e-4, abs=1e-6) and g1 == pytest.approx(g2, rel=1e-4)
-    assert torch.allclose(p1, p2, atol=1e-5)  # Adam divides by |g|: tiny gradients amplify rounding
+    # Adam divides by |g|: where a gradient is at rounding level, summation order moves the step a little
+    # (1.2e-5 on 2 of 1M parameters on one CPU); a wrong accumulation moves whole steps of lr = 1e-3
+    assert torch.allclose(p1, p2, atol=1e-4)

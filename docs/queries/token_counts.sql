@@ -1,10 +1,12 @@
 -- Token counts per env and policy: prompt tokens (what the model read) and response tokens (what it wrote,
 -- the agent tokens), in total, per episode and per turn, and the longest episode's whole sequence.
 -- Each turn stores only the tokens new since the previous turn, so the sums are exact sequence lengths.
+-- num_prompt_tokens / num_response_tokens are the lengths of the turn's id lists, kept by the store so
+-- that counting does not decode the ids.
 WITH per_episode AS (
     SELECT episode_id, count(*) AS turns,
-           sum(len(prompt_token_ids))::BIGINT AS prompt_tokens,
-           sum(len(response_token_ids))::BIGINT AS response_tokens
+           sum(num_prompt_tokens)::BIGINT AS prompt_tokens,
+           sum(num_response_tokens)::BIGINT AS response_tokens
     FROM turns
     GROUP BY episode_id
 )
