@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 from trajlake.schemas import Episode, Turn
-from trajlake.store import Lake, TrajlakeError
+from trajlake.store import Lake
 from trajlake.store.errors import SchemaError
 
 COUNTS = "SELECT episode_id, turn, num_prompt_tokens, num_response_tokens FROM turns ORDER BY episode_id, turn"
@@ -30,7 +30,7 @@ def test_counts_are_computed_on_append(lake):
     agreeing = [Turn("b", 0, prompt_token_ids=(1,), response_token_ids=(2, 3), num_prompt_tokens=1,
                      num_response_tokens=2)]
     lake.append({"turns": agreeing}, stage="import")
-    assert lake.query(COUNTS + "").rows()[-1] == ("b", 0, 1, 2)
+    assert lake.query(COUNTS).rows()[-1] == ("b", 0, 1, 2)
 
 
 def test_a_count_that_disagrees_with_its_list_is_refused_and_nothing_is_written(lake):
