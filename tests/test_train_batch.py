@@ -76,6 +76,29 @@ def test_rewards_and_groups_match_the_store(stored):
     assert len({s.group_id for s in seqs}) == 6 + 3  # K = 2 samples per group
 
 
+@pytest.mark.parametrize("strategy", ["discounted", "uniform_positive"])
+def test_multi_token_spans_fill_every_agent_token_as_token_rewards_does(stored, strategy):
+    """Allocations that reward every agent token come as one span per segment: the batch fills each span's
+    positions, exactly the rows of the per-token view."""
+    from trajlake.rewards import parse_spec
+
+    lake, _ = stored
+    spec = parse_spec(f'name = "{strategy}"\n[allocation]\nstrategy = "{strategy}"\ngamma = 0.9\n'
+                      '[[components]]\nkind = "sql"\nexpr = "1.0 + num_turns"\n', source="test")
+    score(lake, spec)
+    snap = lake.current_snapshot()
+    seqs = load_episodes(lake, "true", snapshot=snap, spec_id=spec.spec_id)
+    view = lake.query("SELECT episode_id, position, reward FROM token_rewards WHERE spec_id = ?", [spec.spec_id],
+                      snapshot=snap).rows()
+    want = {}
+    for e, pos, r in view:
+        want.setdefault(e, {})[pos] = r
+    for s in seqs:
+        got = {i: r for i, r in enumerate(s.rewards) if r != 0}
+        assert got == want[s.episode_id]  # the same values, not only close: a span carries the view's value
+        assert set(got) == {i for i, m in enumerate(s.mask) if m}  # every agent token, nothing else
+
+
 def test_behaviour_logprobs_aligned(stored):
     lake, spec = stored
     snap = lake.current_snapshot()

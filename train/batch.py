@@ -3,7 +3,8 @@
 `load_episodes(lake, where, snapshot, spec_id)` reads, at a pinned snapshot, every episode matching a SQL
 filter over episodes columns and rebuilds its full token sequence from the stored ids (prompt + response
 ids per turn, in turn order; nothing is re-tokenized). The loss mask is 1 exactly on response ids. Rewards
-come from the `token_rewards` view of a spec (its positions index the full sequence), behaviour log-probs
+come from the `reward_spans` view of a spec (runs of equal per-token rewards; positions index the full
+sequence; `token_rewards` is its expansion, one row per token), behaviour log-probs
 are placed at the positions of the tokens they were sampled for (NaN where the policy gave none).
 
 `collate(seqs)` right-pads sequences into (B, T) tensors; `micro_batches(lengths, rows, size)` groups rows
@@ -27,16 +28,16 @@ FROM ep JOIN turns t USING (episode_id)
 ORDER BY ep.episode_id, t.turn
 """
 
-#: with a spec: the same rows plus each episode's total and token rewards (lists, repeated on each of its
+#: with a spec: the same rows plus each episode's total and reward spans (lists, repeated on each of its
 #: turns), in one query (one pinned read)
 SCORED_SQL = """
 WITH ep AS MATERIALIZED (SELECT * FROM episodes WHERE ({where})),
 tot AS (SELECT episode_id, total FROM episode_rewards WHERE spec_id = ? AND episode_id IN (SELECT episode_id FROM ep)),
-rw AS (SELECT episode_id, list(position) AS positions, list(reward) AS rewards FROM token_rewards
-       WHERE spec_id = ? AND episode_id IN (SELECT episode_id FROM ep) GROUP BY episode_id)
+rw AS (SELECT episode_id, list(position) AS positions, list(length) AS lengths, list(reward) AS rewards
+       FROM reward_spans WHERE spec_id = ? AND episode_id IN (SELECT episode_id FROM ep) GROUP BY episode_id)
 SELECT ep.episode_id, ep.group_id, ep.task_id, ep.policy_id, coalesce(ep.success, false) AS success,
        t.turn, t.prompt_token_ids, t.response_token_ids, t.response_logprobs,
-       tot.episode_id IS NOT NULL AS scored, tot.total, rw.positions, rw.rewards
+       tot.episode_id IS NOT NULL AS scored, tot.total, rw.positions, rw.lengths, rw.rewards
 FROM ep JOIN turns t USING (episode_id) LEFT JOIN tot USING (episode_id) LEFT JOIN rw USING (episode_id)
 ORDER BY ep.episode_id, t.turn
 """
@@ -65,7 +66,7 @@ def load_episodes(lake: Lake, where: str, *, snapshot: int, spec_id: str | None 
     With `spec_id`, every episode must have been scored by that spec (its token rewards and total are
     filled in); episodes without any response token are left out (nothing to train on).
     """
-    import trajlake.rewards  # noqa: F401 (registers the token_rewards view)
+    import trajlake.rewards  # noqa: F401 (registers the reward_spans view)
 
     if spec_id is None:
         rows = lake.query(EPISODES_SQL.format(where=where), snapshot=snapshot, output="arrow").to_pylist()
@@ -105,12 +106,13 @@ def _attach_rewards(scored: dict[str, dict], snapshot: int, spec_id: str, seqs: 
         r = scored[s.episode_id]
         s.rewards = [0.0] * len(s.ids)
         s.score = float(r["total"])
-        for pos, reward in zip(r["positions"] or (), r["rewards"] or (), strict=True):
-            pos = int(pos)
-            if not 0 <= pos < len(s.ids):
-                raise TrajlakeError(f"episode {s.episode_id}: token reward at position {pos} outside its "
-                                    f"{len(s.ids)} tokens")
-            s.rewards[pos] += float(reward)
+        for pos, length, reward in zip(r["positions"] or (), r["lengths"] or (), r["rewards"] or (), strict=True):
+            pos, end = int(pos), int(pos) + int(length)
+            if not 0 <= pos < end <= len(s.ids):
+                raise TrajlakeError(f"episode {s.episode_id}: token rewards at positions {pos}..{end - 1} outside "
+                                    f"its {len(s.ids)} tokens")
+            reward = float(reward)
+            s.rewards[pos:end] = [x + reward for x in s.rewards[pos:end]]
 
 
 @dataclass
