@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import uuid
 from pathlib import Path
@@ -15,6 +16,15 @@ PG_ENV = "TRAJLAKE_TEST_PG"
 PG_DEFAULT = "dbname=test host=127.0.0.1 user=postgres"
 BACKENDS = ["duckdb", "sqlite", "postgres"]
 SHARED = Path(__file__).resolve().parents[1].parent / "shared"
+
+
+def load_bench(name: str):
+    """bench/<name>.py as a module (the benchmarks are scripts, not a package)."""
+    path = Path(__file__).resolve().parents[1] / "bench" / f"{name}.py"
+    spec = importlib.util.spec_from_file_location(f"bench_{name}", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
 @pytest.fixture(autouse=True)

@@ -3,24 +3,19 @@ print the median; bad options stop it before any work."""
 
 from __future__ import annotations
 
-import importlib.util
 import re
-from pathlib import Path
 
 import pytest
 
+from tests.conftest import load_bench
 from tests.test_rollout import tiny_model_dir
 
-ROOT = Path(__file__).resolve().parents[1]
 TINY = ["--episodes", "3", "--concurrency", "3", "--max-turns", "2", "--max-new-tokens", "4", "--threads", "0"]
 
 
 @pytest.fixture(scope="module")
 def bench():
-    spec = importlib.util.spec_from_file_location("bench_collect", ROOT / "bench" / "collect.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_bench("collect")
 
 
 def test_two_rounds_print_each_ratio_and_the_median(bench, tmp_path_factory, capsys):

@@ -3,11 +3,11 @@ TRL side only where TRL is installed (the bench extra)."""
 
 from __future__ import annotations
 
-import importlib.util
 from pathlib import Path
 
 import pytest
 
+from tests.conftest import load_bench
 from tests.test_rollout import tiny_model_dir
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -17,10 +17,7 @@ TINY = ["--prompts", "2", "--samples", "2", "--max-new-tokens", "4", "--micro-ba
 
 @pytest.fixture(scope="module")
 def bench():
-    spec = importlib.util.spec_from_file_location("bench_train", ROOT / "bench" / "train.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_bench("train")
 
 
 @pytest.fixture(scope="module")
