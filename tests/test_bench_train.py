@@ -3,14 +3,11 @@ TRL side only where TRL is installed (the bench extra)."""
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
 
 from tests.conftest import load_bench
 from tests.test_rollout import tiny_model_dir
 
-ROOT = Path(__file__).resolve().parents[1]
 TINY = ["--prompts", "2", "--samples", "2", "--max-new-tokens", "4", "--micro-batch", "2", "--repeats", "1",
         "--threads", "0"]  # threads 0: leave this process's torch threads as they are
 
