@@ -14,10 +14,10 @@ is re-read from where it differs; the rest of the cache is dropped), so the resu
 The KV caches live in one preallocated buffer per layer (kv_slots.py), of shape (slots, kv_heads, width,
 head_dim): each cached episode owns a slot (a row) and its keys and values sit at columns 0..len-1, i.e.
 column = position. A turn's rows are a contiguous range of slots, so the model reads them as a view (no
-copying); the new prompt tokens (left-padded to a common length, so every row's last prompt token is the last column) are
-written at their own positions, pads after the row's end where decoding later overwrites them; each decode
-step writes one column per row (no reallocation, no concatenation). The attention mask is explicit (4D:
-key column <= the query's position) and so are the position ids (each row's own), so every row computes
+copying); the new prompt tokens (left-padded to a common length, so every row's last prompt token is the last
+column) are written at their own positions, pads after the row's end where decoding later overwrites them;
+each decode step writes one column per row (no reallocation, no concatenation). The attention mask is explicit
+(4D: key column <= the query's position) and so are the position ids (each row's own), so every row computes
 what an unpadded forward pass over its full sequence computes.
 
 Prefixes shared by episodes are read once: new episodes of one batch whose prompts start the same way (the
