@@ -17,7 +17,7 @@ import sys
 
 import pytest
 
-from trajlake.collect.envs import SPLITS, registry
+from trajlake.collect.envs import SPLITS, registry, thirdparty_base
 from trajlake.collect.envs import thirdparty as tp
 from trajlake.schemas.records import Task
 from trajlake.store.errors import TrajlakeError
@@ -103,7 +103,8 @@ def test_register_is_idempotent(monkeypatch):
 
 def test_without_the_extra_making_one_names_the_pip_command(monkeypatch):
     monkeypatch.setattr(registry, "_REGISTRY", dict(registry._REGISTRY))
-    monkeypatch.setattr(tp, "available", lambda package: False)
+    monkeypatch.setattr(tp, "available", lambda package: False)  # what register() checks
+    monkeypatch.setattr(thirdparty_base, "available", lambda package: False)  # what making an env checks
     assert tp.register(only_available=True) == []
     tp.register()
     for c in ALL:
