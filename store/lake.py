@@ -189,6 +189,15 @@ class Lake:
         unknown = [c for c in values if c not in tdef.schema.names or c in tdef.key]
         if unknown:
             raise TrajlakeError(f"cannot update column(s) {', '.join(unknown)} of {table}")
+        derived = dict(tdef.list_lengths)
+        computed = [c for c in values if c in derived]
+        if computed:
+            raise TrajlakeError(f"cannot update column(s) {', '.join(computed)} of {table}: the store computes "
+                                f"them from {', '.join(derived[c] for c in computed)}")
+        values = dict(values)
+        for column, source in tdef.list_lengths:  # a new list brings its new length
+            if source in values:
+                values[column] = len(values[source] or ())
         sets = ", ".join(f"{c} = ?" for c in values)
         where = " AND ".join(f"{k} = ?" for k in key)
         params = [json.dumps(v) if _is_json_col(table, c) and v is not None else v for c, v in values.items()]

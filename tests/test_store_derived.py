@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 from trajlake.schemas import Episode, Turn
-from trajlake.store import Lake
+from trajlake.store import Lake, TrajlakeError
 from trajlake.store.errors import SchemaError
 
 COUNTS = "SELECT episode_id, turn, num_prompt_tokens, num_response_tokens FROM turns ORDER BY episode_id, turn"
@@ -98,3 +98,16 @@ def test_rewards_of_an_old_snapshot_read_the_counts_it_did_not_store(lake_uri, t
         spans = lake.query("SELECT episode_id, turn, position, length FROM reward_spans "
                            "ORDER BY episode_id, position", snapshot=old + 2).rows()
         assert spans == [("old1", 0, 3, 2), ("old1", 1, 5, 1), ("old2", 0, 2, 3)]
+
+
+def test_updating_a_list_updates_its_count_and_the_count_cannot_be_set(lake):
+    lake.append({"turns": turns("a")}, stage="collect")
+    lake.update("turns", {"episode_id": "a", "turn": 1}, {"response_token_ids": [1, 2, 3, 4]}, stage="fix")
+    assert lake.query(COUNTS).rows()[1] == ("a", 1, 0, 4)
+    lake.update("turns", {"episode_id": "a", "turn": 0}, {"prompt_token_ids": None}, stage="fix")
+    assert lake.query(COUNTS).rows()[0] == ("a", 0, 0, 2)
+    before = lake.current_snapshot()
+    with pytest.raises(TrajlakeError, match="num_response_tokens of turns: the store computes them from "
+                                            "response_token_ids"):
+        lake.update("turns", {"episode_id": "a", "turn": 2}, {"num_response_tokens": 9}, stage="fix")
+    assert lake.current_snapshot() == before
