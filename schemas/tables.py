@@ -44,10 +44,9 @@ class TableDef:
     #: null list). Queries read the count instead of decoding every list only to measure it.
     list_lengths: tuple[tuple[str, str], ...] = ()
 
-    def length_sql(self, column: str, prefix: str = "") -> str:
+    def length_sql(self, column: str) -> str:
         """SQL computing the derived `column` from its list (for lakes and snapshots written before it)."""
-        source = dict(self.list_lengths)[column]
-        return f"CAST(coalesce(len({prefix}{source}), 0) AS INTEGER)"
+        return f"CAST(coalesce(len({dict(self.list_lengths)[column]}), 0) AS INTEGER)"
 
     def ddl(self, catalog: str) -> str:
         """`CREATE TABLE IF NOT EXISTS` for this table in the attached `catalog`."""
