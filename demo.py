@@ -1,16 +1,22 @@
-"""`make demo`: the whole pipeline on the embedded lake, on a CPU, in minutes.
+"""`make demo`: RL beats imitation on a multi-turn task, on a CPU, in minutes, every number from the store.
+
+The task: doors difficulty 3, two rooms, each key written on a sign (read it, then open that door: four turns
+for the expert). The demonstrator is noisy (`scripted:doors?noise=0.9`): in front of a sign it reads it one
+time in ten and otherwise opens a door at random. Its successful episodes are mostly lucky guesses, so
+imitating them, however long, learns to guess; RL from that policy finds that reading pays.
 
 1. the model: the tiny offline model (or SmolLM2-135M-Instruct with --model smollm2, converted offline);
 2. OpenManus-RL's own AgentGym trajectories imported with exact token ids (when ../shared has them);
-3. scripted-expert episodes on the doors env collected into the store;
+3. the noisy demonstrator's episodes collected into the store;
 4. the starting model evaluated on held-out tasks (its episodes are stored too);
-5. an SFT warm start on the successful expert episodes, read back from the store;
-6. GRPO iterations: collect with the current policy, score with the default reward spec, update, checkpoint;
-7. the starting, warm-started and trained policies evaluated on the same held-out tasks;
-8. a table where the success rate rises, the learning curve, and an HTML report.
+5. SFT on the successful demonstrations, read back from the store, checkpointed every `sft_every` steps;
+   each checkpoint evaluated greedily on the val split: the best is the SFT plateau;
+6. GRPO iterations from the plateau: collect with the current policy, score with the default spec, update;
+7. the start, the SFT plateau and the RL policy evaluated greedily on the same held-out test tasks;
+8. the results table with 95% intervals, the learning curve, and an HTML report.
 
-Every number printed is read back from the store. Run ids are fixed (`<prefix>-expert`, `<prefix>-sft`,
-`<prefix>-grpo`), so a second run resumes where the first stopped, or only prints the results.
+Run ids are fixed (`<prefix>-expert`, `<prefix>-sft`, `<prefix>-grpo`), so a second run resumes where the
+first stopped, or only prints the results. bench/learning.py runs the same recipe over several seeds.
 """
 
 from __future__ import annotations
@@ -18,7 +24,7 @@ from __future__ import annotations
 import argparse
 import sys
 import time
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import polars as pl
@@ -29,14 +35,11 @@ from trajlake.store import Lake, TrajlakeError
 ROOT = Path(__file__).resolve().parent
 DEFAULT_DATA = ROOT.parent / "shared" / "data" / "agentgym"
 CONFIGS = ROOT / "train" / "configs"
-#: doors difficulty -> (turn cap, system prompt): level 1 is one step, level 2 hides the key's door on a sign
-LEVELS = {1: (1, "Open the door with the key. Reply: open COLOR."),
-          2: (3, "Open the door with the key. Reply: read sign, or open COLOR.")}
 
 
 @dataclass(frozen=True)
 class DemoConfig:
-    """What `python -m trajlake.demo` runs; the defaults are `make demo`'s."""
+    """What `python -m trajlake.demo` runs; the defaults are `make demo`'s (bench/learning.py shares them)."""
 
     lake: str = "lake"
     """Lake URI."""
@@ -44,12 +47,22 @@ class DemoConfig:
     """Where models are built (`<models>/tiny`, `<models>/smollm2`)."""
     model: str = "tiny"
     """tiny (built offline in seconds) or smollm2 (SmolLM2-135M-Instruct, `make setup-smollm2` first)."""
-    data: Path = DEFAULT_DATA
-    """Folder of AgentGym parquet files to import (skipped when absent)."""
-    expert_tasks: int = 256
-    """Scripted-expert episodes collected for the warm start."""
-    sft_steps: int = 50
+    data: Path | None = DEFAULT_DATA
+    """Folder of AgentGym parquet files to import (None or absent: skipped)."""
+    checkpoints: Path = Path("checkpoints")
+    """Where the train runs write their checkpoints."""
+    difficulty: int = 3
+    """doors difficulty: 3 is two rooms with the key on a sign in each (read, open, read, open)."""
+    max_turns: int = 6
+    """Turn cap of every episode (the expert needs 4 at difficulty 3); an episode cut there scores as a loss."""
+    expert_noise: float = 0.9
+    """The demonstrator's noise: at each turn it plays the env's hasty guess with this probability."""
+    demos: int = 2048
+    """Demonstration episodes collected (about one in ten succeeds at noise 0.9; SFT reads the successful)."""
+    sft_steps: int = 600
     """SFT optimizer steps (minibatches of 16)."""
+    sft_every: int = 100
+    """An SFT checkpoint every this many steps; each is evaluated on val, the best is the plateau."""
     sft_lr: float = 1e-3
     """SFT learning rate."""
     iterations: int = 20
@@ -60,41 +73,69 @@ class DemoConfig:
     """Samples per task (the GRPO group)."""
     lr: float = 2e-4
     """GRPO learning rate."""
+    temperature: float = 1.0
+    """GRPO sampling temperature."""
+    advantage: str = "grpo"
+    """Advantage estimator (train.algos: grpo, rloo, gigpo, turn_reinforce, ...)."""
     micro_batch: int = 32
     """Sequences per forward/backward pass."""
     eval_tasks: int = 100
-    """Held-out (test split) tasks each policy is evaluated on, greedily."""
+    """Held-out tasks each policy is evaluated on, greedily (test split; val for the SFT checkpoints)."""
+    seed: int = 0
+    """Seeds the demonstrations, the SFT and GRPO runs and the samplers."""
     report: Path = Path("reports/demo")
     """Where the HTML report goes."""
     prefix: str = "demo"
     """Run id prefix (another prefix starts the pipeline afresh in the same lake)."""
-    difficulty: int = 1
-    """doors difficulty: 1 (one step: the text names the door) or 2 (read the sign first, then open)."""
+    progress: bool = True
+    """Progress bars and per-stage tables (bench/learning.py turns them off)."""
+    train_overrides: dict = field(default_factory=dict)
+    """Further GRPO config fields (e.g. kl_coef, entropy_coef, gamma), for experiments."""
 
     @property
     def rollout(self) -> dict:
         """The rollout settings every stage shares (the policy must be evaluated the way it was trained)."""
-        max_turns, system = LEVELS[self.difficulty]
-        return dict(env="doors", difficulty=self.difficulty, max_turns=max_turns, template="plain",
-                    system_prompt=system, max_new_tokens=8)
+        return dict(env="doors", difficulty=self.difficulty, max_turns=self.max_turns, template="plain",
+                    max_new_tokens=8)
+
+    @property
+    def expert(self) -> str:
+        return "scripted:doors" + (f"?noise={self.expert_noise:g}" if self.expert_noise else "")
 
     def __post_init__(self):
         if self.model not in PRESETS:
             raise TrajlakeError(f"demo: unknown model {self.model!r}; valid: {', '.join(PRESETS)}")
-        if self.difficulty not in LEVELS:
-            raise TrajlakeError(f"demo: difficulty must be one of {', '.join(map(str, LEVELS))}, got {self.difficulty}")
-        for name in ("expert_tasks", "sft_steps", "iterations", "tasks", "samples", "micro_batch", "eval_tasks"):
+        if self.difficulty not in (1, 2, 3, 4):
+            raise TrajlakeError(f"demo: difficulty must be one of 1, 2, 3, 4, got {self.difficulty}")
+        if not 0.0 <= self.expert_noise <= 1.0:
+            raise TrajlakeError(f"demo: expert_noise must be between 0 and 1, got {self.expert_noise}")
+        for name in ("max_turns", "demos", "sft_steps", "sft_every", "iterations", "tasks", "samples",
+                     "micro_batch", "eval_tasks"):
             if getattr(self, name) < 1:
                 raise TrajlakeError(f"demo: {name} must be >= 1, got {getattr(self, name)}")
+        if self.sft_every > self.sft_steps:
+            raise TrajlakeError(f"demo: sft_every ({self.sft_every}) must be <= sft_steps ({self.sft_steps})")
 
 
-# SmolLM2 is 130x the tiny model: fewer, smaller steps at a pretrained model's learning rates, on the
-# two-step level (one SFT pass already solves level 1, leaving GRPO nothing to learn).
+# SmolLM2 is 130x the tiny model: fewer, smaller steps at a pretrained model's learning rates.
 PRESETS = {
     "tiny": {},
-    "smollm2": dict(difficulty=2, expert_tasks=64, sft_steps=3, sft_lr=2e-5, iterations=3, tasks=16, samples=4, lr=2e-6,
+    "smollm2": dict(demos=256, sft_steps=20, sft_every=5, sft_lr=2e-5, iterations=5, tasks=16, samples=4, lr=2e-6,
                     micro_batch=8, eval_tasks=30, prefix="demo-smollm2", report=Path("reports/demo-smollm2")),
 }
+
+
+@dataclass(frozen=True)
+class RecipeResult:
+    """What one run of the recipe produced: the policies of each stage and how long each stage took."""
+
+    expert_success: float
+    val_by_step: dict[int, float]
+    plateau_step: int
+    policies: dict[str, str]
+    """stage -> policy spec: start, SFT plateau, GRPO."""
+    grpo_run: str
+    seconds: dict[str, float]
 
 
 def build_model(models: Path, model: str) -> Path:
@@ -113,10 +154,10 @@ def build_model(models: Path, model: str) -> Path:
     return path.absolute()
 
 
-def import_seed_data(lake: Lake, data: Path, model: Path) -> None:
+def import_seed_data(lake: Lake, data: Path | None, model: Path) -> None:
     from trajlake.collect.importers.agentgym import import_agentgym
 
-    files = sorted(data.glob("*/*.parquet")) if data.is_dir() else []
+    files = sorted(data.glob("*/*.parquet")) if data and data.is_dir() else []
     if not files:
         console.print(f"no AgentGym files under {data}: skipping the import (pass --data DIR)")
         return
@@ -126,22 +167,26 @@ def import_seed_data(lake: Lake, data: Path, model: Path) -> None:
                     "GROUP BY env ORDER BY env"), Format.table, None)
 
 
-def collect_expert(cfg: DemoConfig, lake: Lake, model: Path) -> None:
+def collect_demonstrations(cfg: DemoConfig, lake: Lake, model: Path) -> float:
+    """The noisy demonstrator's episodes into the store; their success rate."""
     from trajlake.collect.config import CollectConfig
     from trajlake.collect.rollout import collect
 
-    rid = collect(CollectConfig(policy="scripted:doors", tokenizer=str(model), tasks=cfg.expert_tasks,
-                                run_id=f"{cfg.prefix}-expert", **cfg.rollout), lake)
-    row = lake.query("SELECT count(*) AS n, avg(success::INT) AS s FROM episodes WHERE run_id = ? "
-                     "AND status IS DISTINCT FROM 'error'", [rid]).row(0)  # env errors say nothing of the expert
-    console.print(f"run {rid}: {row[0]} expert episodes, success rate {row[1]:.2f}")
+    rid = collect(CollectConfig(policy=cfg.expert, tokenizer=str(model), tasks=cfg.demos, seed=cfg.seed,
+                                run_id=f"{cfg.prefix}-expert", progress=cfg.progress, **cfg.rollout), lake)
+    n, s = lake.query("SELECT count(*) AS n, avg(success::INT) AS s FROM episodes WHERE run_id = ? "
+                      "AND status IS DISTINCT FROM 'error'", [rid]).row(0)  # env errors say nothing of the expert
+    if cfg.progress:
+        console.print(f"run {rid}: {n} episodes of {cfg.expert}, success rate {s:.2f}")
+    return s
 
 
-def evaluate_policies(cfg: DemoConfig, lake: Lake, policies: list[str], model: Path) -> pl.DataFrame:
+def evaluate_policies(cfg: DemoConfig, lake: Lake, policies: list[str], model: Path,
+                      split: str = "test") -> pl.DataFrame:
     from trajlake.evaluate.run import EvalConfig, evaluate
 
-    ec = EvalConfig(policies=tuple(policies), split="test", tasks=cfg.eval_tasks, greedy=True, tokenizer=str(model),
-                    **cfg.rollout)
+    ec = EvalConfig(policies=tuple(policies), split=split, tasks=cfg.eval_tasks, greedy=True, tokenizer=str(model),
+                    seed=cfg.seed, progress=cfg.progress, **cfg.rollout)
     return evaluate(ec, lake).summary
 
 
@@ -149,8 +194,52 @@ def train_stage(cfg: DemoConfig, lake: Lake, config_name: str, **overrides):
     from trajlake.train.config import load_config
     from trajlake.train.loop import train
 
-    tc = load_config(CONFIGS / config_name, **cfg.rollout, **overrides)
-    return train(replace(tc, checkpoint_dir=str(Path("checkpoints").absolute())), lake)
+    tc = load_config(CONFIGS / config_name, **cfg.rollout, seed=cfg.seed, progress=cfg.progress,
+                     checkpoint_dir=str(cfg.checkpoints.absolute()), **overrides)
+    return train(tc, lake)
+
+
+def sft_to_plateau(cfg: DemoConfig, lake: Lake, model: Path) -> tuple[dict[int, float], int]:
+    """SFT on the successful demonstrations with a checkpoint every `sft_every` steps; each checkpoint's greedy
+    val success, and the step of the best (the earliest of equals)."""
+    sft = f"{cfg.prefix}-sft"
+    train_stage(cfg, lake, "sft-doors-noisy.toml", run_id=sft, model=str(model), sft_steps=cfg.sft_steps,
+                checkpoint_every=cfg.sft_every, lr=cfg.sft_lr, micro_batch=min(cfg.micro_batch, 16),
+                sft_filter=f"success AND run_id = '{cfg.prefix}-expert'")
+    steps = list(range(cfg.sft_every, cfg.sft_steps + 1, cfg.sft_every))
+    if steps[-1] != cfg.sft_steps:
+        steps.append(cfg.sft_steps)  # the last step is always checkpointed
+    summary = evaluate_policies(cfg, lake, [f"policy:{sft}/step-{k}" for k in steps], model, split="val")
+    val = {k: summary.filter(pl.col("policy") == f"policy:{sft}/step-{k}")["success_rate"][0] for k in steps}
+    return val, max(steps, key=lambda k: (val[k], -k))
+
+
+def recipe(cfg: DemoConfig, lake: Lake, model: Path) -> RecipeResult:
+    """Demonstrations, SFT to its plateau, GRPO from the plateau (stages 3-6); each stage resumes if stored."""
+    seconds, t = {}, time.perf_counter()
+    log = console.rule if cfg.progress else (lambda *_: None)
+    log("3. the noisy demonstrator's episodes into the store")
+    expert = collect_demonstrations(cfg, lake, model)
+    log("4. the starting model on held-out tasks")
+    evaluate_policies(cfg, lake, [f"hf:{model}"], model)
+    log(f"5. SFT on the successful demonstrations, a checkpoint every {cfg.sft_every} steps, each on val")
+    seconds["demos_s"], t = time.perf_counter() - t, time.perf_counter()
+    val, plateau = sft_to_plateau(cfg, lake, model)
+    seconds["sft_s"], t = time.perf_counter() - t, time.perf_counter()
+    sft_policy = f"policy:{cfg.prefix}-sft/step-{plateau}"
+    if cfg.progress:
+        emit(pl.DataFrame({"sft_step": list(val), "val_success": list(val.values())}), Format.table, None)
+        console.print(f"SFT plateau: step {plateau} (the best on val)")
+    log(f"6. GRPO from the SFT plateau: {cfg.iterations} iterations of collect -> score -> update -> checkpoint")
+    grpo = train_stage(cfg, lake, "grpo-doors-noisy.toml", run_id=f"{cfg.prefix}-grpo", model=sft_policy,
+                       iterations=cfg.iterations, tasks=cfg.tasks, samples=cfg.samples, lr=cfg.lr,
+                       temperature=cfg.temperature, advantage=cfg.advantage, micro_batch=cfg.micro_batch,
+                       minibatch_size=cfg.tasks * cfg.samples, **cfg.train_overrides)
+    seconds["grpo_s"] = time.perf_counter() - t
+    seconds["grpo_s_per_iteration"] = seconds["grpo_s"] / cfg.iterations
+    policies = {"start": f"hf:{model}", f"SFT plateau (step {plateau})": sft_policy,
+                "GRPO": f"policy:{grpo.policy_id}"}
+    return RecipeResult(expert, val, plateau, policies, grpo.run_id, seconds)
 
 
 def results_table(summary: pl.DataFrame, stages: dict[str, str]) -> pl.DataFrame:
@@ -161,7 +250,7 @@ def results_table(summary: pl.DataFrame, stages: dict[str, str]) -> pl.DataFrame
         rows.append({"stage": stage, "policy": short, "episodes": r["episodes"],
                      "success": f"{r['success_rate']:.2f} [{r['success_low']:.2f}, {r['success_high']:.2f}]",
                      "reward": round(r["reward_mean"], 3), "format_errors": round(r["format_error_rate"], 3),
-                     "tokens": round(r["tokens_per_episode"], 1)})
+                     "turns": round(r["mean_turns"], 2), "tokens": round(r["tokens_per_episode"], 1)})
     return pl.DataFrame(rows)
 
 
@@ -183,37 +272,26 @@ def run(cfg: DemoConfig) -> None:
     with Lake.open(cfg.lake) as lake:
         console.rule("2. import OpenManus-RL's AgentGym trajectories")
         import_seed_data(lake, cfg.data, model)
-        console.rule("3. scripted-expert episodes on doors into the store")
-        collect_expert(cfg, lake, model)
-        console.rule("4. the starting model on held-out tasks")
-        evaluate_policies(cfg, lake, [f"hf:{model}"], model)
-        console.rule("5. SFT warm start on the expert episodes in the store")
-        sft_run = f"{cfg.prefix}-sft"
-        sft = train_stage(cfg, lake, "sft-doors.toml", run_id=sft_run, model=str(model), sft_steps=cfg.sft_steps,
-                          lr=cfg.sft_lr, micro_batch=min(cfg.micro_batch, 16),
-                          sft_filter=f"success AND run_id = '{cfg.prefix}-expert'")
-        console.print(f"run {sft.run_id}: policy {sft.policy_id}")
-        console.rule(f"6. GRPO: {cfg.iterations} iterations of collect -> score -> update -> checkpoint")
-        grpo = train_stage(cfg, lake, "grpo-doors.toml", run_id=f"{cfg.prefix}-grpo", model=f"run:{sft_run}",
-                           iterations=cfg.iterations, tasks=cfg.tasks, samples=cfg.samples, lr=cfg.lr,
-                           micro_batch=cfg.micro_batch, eval_every=0)
-        console.print(f"run {grpo.run_id}: policy {grpo.policy_id}")
-        console.rule("7. held-out evaluation before and after")
-        stages = {"start": f"hf:{model}", "SFT warm start": f"policy:{sft.policy_id}",
-                  "GRPO": f"policy:{grpo.policy_id}"}
-        summary = evaluate_policies(cfg, lake, list(stages.values()), model)
+        result = recipe(cfg, lake, model)
+        console.rule("7. held-out evaluation: start, SFT plateau, GRPO")
+        summary = evaluate_policies(cfg, lake, list(result.policies.values()), model)
         console.rule("8. results (read back from the store)")
         console.print(f"held-out greedy success on doors (test split, difficulty {cfg.difficulty}, "
-                      f"{cfg.eval_tasks} tasks), "
-                      "95% Wilson intervals; policies: " + ", ".join(stages.values()))
-        emit(results_table(summary, stages), Format.table, None)
+                      f"{cfg.eval_tasks} tasks), 95% Wilson intervals; demonstrations: {cfg.expert}, "
+                      f"success {result.expert_success:.2f}")
+        emit(results_table(summary, result.policies), Format.table, None)
         console.print("GRPO learning curve (sampled rollouts of each iteration, from train_steps):")
-        emit(lake.query(CURVE_SQL, [grpo.run_id, max(1, cfg.iterations // 5)]), Format.table, None)
+        emit(lake.query(CURVE_SQL, [result.grpo_run, max(1, cfg.iterations // 5)]), Format.table, None)
         index = build_report(lake, cfg.report)
     console.print(f"report: {index}")
     console.print(f"lake: {cfg.lake}; explore it with: .venv/bin/trajlake --lake {cfg.lake} sql "
                   "(queries to start from: docs/queries/)")
     console.print(f"demo finished in {time.perf_counter() - t0:.0f} s")
+
+
+#: the DemoConfig fields the command line sets (the rest are for bench/learning.py and tests)
+CLI_INTS = ("difficulty", "max_turns", "demos", "sft_steps", "sft_every", "iterations", "tasks", "samples",
+            "micro_batch", "eval_tasks", "seed")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -223,9 +301,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--models", type=Path, default=Path("models"), help="where models are built")
     parser.add_argument("--model", choices=tuple(PRESETS), default="tiny", help="the model to train")
     parser.add_argument("--data", type=Path, default=DEFAULT_DATA, help="folder of AgentGym parquet files")
-    for name in ("difficulty", "expert_tasks", "sft_steps", "iterations", "tasks", "samples", "micro_batch",
-                 "eval_tasks"):
+    parser.add_argument("--checkpoints", type=Path, default=None, help="checkpoint folder (default checkpoints)")
+    for name in CLI_INTS:
         parser.add_argument(f"--{name.replace('_', '-')}", type=int, default=None, help=f"override {name}")
+    parser.add_argument("--expert-noise", type=float, default=None, help="override expert_noise")
     parser.add_argument("--report", type=Path, default=None, help="report folder (default reports/demo)")
     parser.add_argument("--prefix", default=None, help="run id prefix (default demo)")
     args = vars(parser.parse_args(argv))

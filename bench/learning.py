@@ -1,13 +1,13 @@
-"""Does RL beat imitation? SFT trained to its plateau vs GRPO from that plateau, over several seeds.
+"""Does RL beat imitation? The demo's recipe (SFT to its plateau, then GRPO from it) over several seeds.
 
-    .venv/bin/python bench/learning.py                                  # maze d1, 3 seeds (see --help)
-    .venv/bin/python bench/learning.py --env crafting --difficulty 1 --seeds 1 --advantage gigpo
+    .venv/bin/python bench/learning.py                            # make demo's settings, 3 seeds
+    .venv/bin/python bench/learning.py --expert-noise 0.5 --advantage gigpo --seeds 1
 
-Per seed, in a lake of its own: the scripted expert plays `--demos` training tasks; SFT on those episodes
-from the store, checkpointed every `--sft-every` steps up to `--sft-steps`, each checkpoint evaluated greedily
-on held-out val tasks, the best of them is the SFT plateau; GRPO iterations start from the plateau; the
-plateau and the RL policy are evaluated greedily on the same held-out test tasks. Prints each seed's test
-success (95% Wilson interval) of the plateau and of RL, the mean over seeds, and the time of each stage.
+Per seed, in a lake of its own: the noisy demonstrator plays `--demos` training tasks of doors difficulty 3;
+SFT on its successful episodes, checkpointed every `--sft-every` steps, each checkpoint evaluated greedily on
+held-out val tasks, the best being the SFT plateau; GRPO from the plateau; the plateau and the RL policy are
+evaluated greedily on the same held-out test tasks. Prints each seed's test success (95% Wilson interval),
+the mean gain over seeds, and each stage's time. The recipe is trajlake.demo.recipe: what `make demo` runs.
 """
 
 from __future__ import annotations
@@ -15,134 +15,79 @@ from __future__ import annotations
 import argparse
 import sys
 import tempfile
-import time
-from dataclasses import asdict, dataclass
+from dataclasses import replace
 from pathlib import Path
 
 import polars as pl
 
+from trajlake.demo import CLI_INTS, DemoConfig, build_model, evaluate_policies, recipe
 from trajlake.display import Format, console, emit
 from trajlake.store import Lake, TrajlakeError
 
-
-@dataclass(frozen=True)
-class LearningConfig:
-    env: str = "maze"
-    difficulty: int = 1
-    max_turns: int = 6
-    template: str = "action"
-    max_new_tokens: int = 8
-    demos: int = 64
-    """Expert episodes SFT learns from."""
-    sft_steps: int = 60
-    sft_every: int = 15
-    sft_lr: float = 1e-3
-    iterations: int = 10
-    tasks: int = 32
-    samples: int = 4
-    lr: float = 1e-4
-    temperature: float = 1.0
-    advantage: str = "grpo"
-    gamma: float = 1.0
-    """Discount across turns for the turn-level estimators (gigpo, turn_reinforce, turn_gae)."""
-    kl_coef: float = 0.0
-    entropy_coef: float = 0.0
-    micro_batch: int = 32
-    eval_tasks: int = 50
-    seeds: int = 3
-
-    @property
-    def rollout(self) -> dict:
-        return dict(env=self.env, difficulty=self.difficulty, max_turns=self.max_turns, template=self.template,
-                    max_new_tokens=self.max_new_tokens)
+#: GRPO config fields the bench varies besides the demo's own (DemoConfig.train_overrides)
+TRAIN_FLOATS = ("kl_coef", "entropy_coef", "gamma", "clip_high")
 
 
-def success(lake: Lake, policy: str, model: Path, cfg: LearningConfig, split: str) -> tuple[float, float, float]:
-    from trajlake.evaluate.run import EvalConfig, evaluate
-
-    ec = EvalConfig(policies=(policy,), split=split, tasks=cfg.eval_tasks, greedy=True, tokenizer=str(model),
-                    progress=False, **cfg.rollout)
-    r = evaluate(ec, lake).summary.row(0, named=True)
-    return r["success_rate"], r["success_low"], r["success_high"]
-
-
-def one_seed(cfg: LearningConfig, seed: int, model: Path, root: Path) -> dict:
-    from trajlake.collect.config import CollectConfig
-    from trajlake.collect.rollout import collect
-    from trajlake.train.config import TrainConfig
-    from trajlake.train.loop import train
-
-    times = {}
-    ckpts = str(root / f"ckpt-{seed}")
-    with Lake.open(str(root / f"lake-{seed}")) as lake:
-        t = time.perf_counter()
-        collect(CollectConfig(policy=f"scripted:{cfg.env}", tokenizer=str(model), tasks=cfg.demos, run_id="expert",
-                              seed=seed, progress=False, **cfg.rollout), lake)
-        expert = lake.query("SELECT avg(success::INT) AS s FROM episodes WHERE run_id = 'expert'")["s"][0]
-        t_sft = time.perf_counter()
-        sft = TrainConfig(algo="sft", **cfg.rollout, run_id="sft", model=str(model), sft_steps=cfg.sft_steps,
-                          lr=cfg.sft_lr, seed=seed, checkpoint_every=cfg.sft_every, checkpoint_dir=ckpts,
-                          sft_filter="success AND run_id = 'expert'", minibatch_size=16,
-                          micro_batch=min(cfg.micro_batch, 16), save_optimizer=False, progress=False)
-        train(sft, lake)
-        times["sft_s"] = time.perf_counter() - t_sft
-        steps = list(range(cfg.sft_every, cfg.sft_steps + 1, cfg.sft_every)) or [cfg.sft_steps]
-        val = {k: success(lake, f"policy:sft/step-{k}", model, cfg, "val")[0] for k in steps}
-        plateau = max(steps, key=lambda k: (val[k], -k))  # the best on val; the earliest of equals
-        t_rl = time.perf_counter()
-        rl = TrainConfig(algo="grpo", **cfg.rollout, run_id="rl", model=f"policy:sft/step-{plateau}",
-                         iterations=cfg.iterations, tasks=cfg.tasks, samples=cfg.samples, lr=cfg.lr,
-                         temperature=cfg.temperature, advantage=cfg.advantage, gamma=cfg.gamma, kl_coef=cfg.kl_coef,
-                         entropy_coef=cfg.entropy_coef, seed=seed, checkpoint_dir=ckpts, grad_clip=1.0,
-                         micro_batch=cfg.micro_batch, minibatch_size=cfg.tasks * cfg.samples, save_optimizer=False,
-                         progress=False)
-        res = train(rl, lake)
-        times["rl_s"] = time.perf_counter() - t_rl
-        s_sft = success(lake, f"policy:sft/step-{plateau}", model, cfg, "test")
-        s_rl = success(lake, f"policy:{res.policy_id}", model, cfg, "test")
-        times["total_s"] = time.perf_counter() - t
-    return {"seed": seed, "expert": expert, "plateau_step": plateau, "val_by_step": val, "sft": s_sft, "rl": s_rl,
-            **times}
+def one_seed(cfg: DemoConfig, model: Path) -> dict:
+    with Lake.open(cfg.lake) as lake:
+        r = recipe(cfg, lake, model)
+        summary = evaluate_policies(cfg, lake, list(r.policies.values()), model)
+    test = {}
+    for stage, policy in r.policies.items():
+        row = summary.filter(pl.col("policy") == policy).row(0, named=True)
+        test[stage.split(" ")[0]] = (row["success_rate"], row["success_low"], row["success_high"])
+    return {"result": r, "sft": test["SFT"], "rl": test["GRPO"]}
 
 
-def run(cfg: LearningConfig, model: Path | None = None) -> pl.DataFrame:
-    from trajlake.demo import build_model
-
+def run(cfg: DemoConfig, seeds: int, model: Path | None = None, out: Path | None = None) -> pl.DataFrame:
+    """Every seed of the recipe; `out` keeps each seed's lake and checkpoints (`lake-SEED`, `ckpt-SEED`)."""
     with tempfile.TemporaryDirectory(prefix="trajlake-learning-") as tmp:
-        root = Path(tmp)
+        root = out or Path(tmp)
         model = model or build_model(root / "models", "tiny")
         rows = []
-        for seed in range(cfg.seeds):
-            r = one_seed(cfg, seed, model, root)
-            console.print(f"seed {seed}: expert {r['expert']:.2f}, SFT val by step {r['val_by_step']}, plateau "
-                          f"step {r['plateau_step']}; test SFT {r['sft'][0]:.2f} -> RL {r['rl'][0]:.2f} "
-                          f"({r['total_s']:.0f} s)")
-            rows.append({"seed": seed, "expert": round(r["expert"], 2), "sft_plateau_step": r["plateau_step"],
-                         "sft": f"{r['sft'][0]:.2f} [{r['sft'][1]:.2f}, {r['sft'][2]:.2f}]",
-                         "rl": f"{r['rl'][0]:.2f} [{r['rl'][1]:.2f}, {r['rl'][2]:.2f}]",
-                         "gain": round(r["rl"][0] - r["sft"][0], 2), "sft_s": round(r["sft_s"]),
-                         "rl_s": round(r["rl_s"]), "rl_s_per_iteration": round(r["rl_s"] / cfg.iterations, 1)})
+        for seed in range(seeds):
+            s = one_seed(replace(cfg, seed=seed, lake=str(root / f"lake-{seed}"), checkpoints=root / f"ckpt-{seed}",
+                                 data=None, progress=False), model)
+            r, t = s["result"], s["result"].seconds
+            console.print(f"seed {seed}: expert {r.expert_success:.2f}, SFT val by step {r.val_by_step}, plateau "
+                          f"step {r.plateau_step}; test SFT {s['sft'][0]:.2f} -> RL {s['rl'][0]:.2f}")
+            rows.append({"seed": seed, "expert": round(r.expert_success, 2), "sft_plateau_step": r.plateau_step,
+                         "sft": f"{s['sft'][0]:.2f} [{s['sft'][1]:.2f}, {s['sft'][2]:.2f}]",
+                         "rl": f"{s['rl'][0]:.2f} [{s['rl'][1]:.2f}, {s['rl'][2]:.2f}]",
+                         "gain": round(s["rl"][0] - s["sft"][0], 2), "sft_s": round(t["sft_s"]),
+                         "rl_s": round(t["grpo_s"]), "rl_s_per_iteration": round(t["grpo_s_per_iteration"], 1)})
     table = pl.DataFrame(rows)
     emit(table, Format.table, None)
-    console.print(f"mean gain of RL over the SFT plateau: {table['gain'].mean():+.2f} over {cfg.seeds} seeds "
-                  f"({cfg.env} d{cfg.difficulty}, {cfg.eval_tasks} test tasks, greedy)")
+    console.print(f"mean gain of RL over the SFT plateau: {table['gain'].mean():+.2f} over {seeds} seeds "
+                  f"(doors d{cfg.difficulty}, demonstrations {cfg.expert}, {cfg.eval_tasks} test tasks, greedy)")
     return table
 
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    for name, value in asdict(LearningConfig()).items():
-        p.add_argument(f"--{name.replace('_', '-')}", type=type(value), default=value)
+    defaults = DemoConfig()
+    for name in CLI_INTS:
+        if name != "seed":
+            p.add_argument(f"--{name.replace('_', '-')}", type=int, default=getattr(defaults, name))
+    for name in ("expert_noise", "sft_lr", "lr", "temperature"):
+        p.add_argument(f"--{name.replace('_', '-')}", type=float, default=getattr(defaults, name))
+    p.add_argument("--advantage", default=defaults.advantage, help="advantage estimator (default grpo)")
+    for name in TRAIN_FLOATS:
+        p.add_argument(f"--{name.replace('_', '-')}", type=float, default=None, help=f"GRPO {name}")
+    p.add_argument("--seeds", type=int, default=3, help="seeds 0..N-1 (default 3)")
     p.add_argument("--model", type=Path, default=None, help="model folder (default: the tiny model, built)")
+    p.add_argument("--out", type=Path, default=None, help="keep each seed's lake and checkpoints in this folder "
+                   "(default: a temporary folder, removed)")
     args = vars(p.parse_args(argv))
-    model = args.pop("model")
+    seeds, model, out = args.pop("seeds"), args.pop("model"), args.pop("out")
+    overrides = {k: args.pop(k) for k in TRAIN_FLOATS if args[k] is not None}
+    for k in TRAIN_FLOATS:
+        args.pop(k, None)
     try:
-        cfg = LearningConfig(**args)
-        small = [k for k in ("seeds", "demos", "sft_steps", "sft_every", "iterations", "tasks", "samples",
-                             "eval_tasks") if getattr(cfg, k) < 1]
-        if small:
-            raise TrajlakeError(f"{', '.join(small)} must be >= 1")
-        run(cfg, model)
+        if seeds < 1:
+            raise TrajlakeError(f"seeds must be >= 1, got {seeds}")
+        cfg = DemoConfig(**args, train_overrides=overrides)
+        run(cfg, seeds, model, out)
     except TrajlakeError as e:
         print(f"error: {e}", file=sys.stderr)
         return 1

@@ -147,10 +147,17 @@ def _none(name: str, p: dict) -> dict[str, str]:
 GOAL_MODES = ("episode", "openmanus")
 
 
+GOAL_TRUNCATED = ("score", "failure")
+
+
 def _goal_check(p):
     _choice(p, "mode", GOAL_MODES)
     for k in ("success", "failure"):
         _num(p[k])
+    _choice(p, "truncated", GOAL_TRUNCATED)
+    if p["truncated"] == "failure" and p["mode"] != "episode":
+        raise TrajlakeError('truncated = "failure" needs mode = "episode" (mode "openmanus" scores a rollout '
+                            "that did not finish 0, as OpenManus-RL does)")
 
 
 def _goal_aggregates(n, p):
@@ -174,8 +181,11 @@ def openmanus_score_sql(info: str) -> str:
 
 def _goal_value(n, p):
     if p["mode"] == "episode":
+        # truncated = "failure": an episode cut at its step cap is a failure like a lost one, so stalling until
+        # the cap never scores above trying and losing
+        cut = f"WHEN ep.status = 'truncated' THEN {_num(p['failure'])} " if p["truncated"] == "failure" else ""
         return (f"CASE WHEN ep.success THEN {_num(p['success'])} "
-                f"WHEN ep.status = 'ok' AND ep.success = false THEN {_num(p['failure'])} "
+                f"WHEN ep.status = 'ok' AND ep.success = false THEN {_num(p['failure'])} {cut}"
                 f"ELSE coalesce(agg.{n}__score, ep.env_reward, 0) END")
     info = f"agg.{n}__info"
     return (f"CASE WHEN NOT coalesce(agg.{n}__done, false) THEN 0.0 "
@@ -195,12 +205,12 @@ register(ComponentKind(
     "`success` when its info.success is JSON true, else `failure` when info.fail is JSON true, else "
     "info.score (a number, a numeric string, or a boolean as 1/0), else 0; episodes.success, status and "
     "env_reward are not read.",
-    {"success": 1.0, "failure": -1.0, "mode": "episode"},
+    {"success": 1.0, "failure": -1.0, "mode": "episode", "truncated": "score"},
     _goal_check,
     _none,
     _goal_aggregates,
     _goal_value,
-    legacy={"mode": "episode"},
+    legacy={"mode": "episode", "truncated": "score"},
 ))
 
 

@@ -95,6 +95,8 @@ def component_value(kind: str, p: Mapping, ep: Mapping, turns: Sequence[Mapping]
             return float(p["success"])
         if ep.get("status") == "ok" and ep.get("success") is False:
             return float(p["failure"])
+        if ep.get("status") == "truncated" and p.get("truncated", "score") == "failure":
+            return float(p["failure"])
         score = _score(turns[-1].get("info")) if turns else None
         if score is not None:
             return score

@@ -11,7 +11,7 @@ from tests.test_rollout import tiny_model_dir
 from trajlake.demo import DemoConfig, main
 from trajlake.store import Lake, TrajlakeError
 
-SMALL = ["--expert-tasks", "32", "--sft-steps", "4", "--iterations", "2", "--tasks", "4", "--samples", "2",
+SMALL = ["--demos", "64", "--sft-steps", "4", "--sft-every", "2", "--iterations", "2", "--tasks", "4", "--samples", "2",
          "--micro-batch", "8", "--eval-tasks", "4"]
 
 
@@ -20,16 +20,23 @@ def test_demo_runs_every_stage_and_resumes(tmp_path, tmp_path_factory, capsys):
     shutil.copytree(tiny_model_dir(tmp_path_factory), models / "tiny")
     data = tmp_path / "no-data"
     args = ["--lake", str(tmp_path / "lake"), "--models", str(models), "--data", str(data),
-            "--report", str(tmp_path / "report"), *SMALL]
+            "--report", str(tmp_path / "report"), "--checkpoints", str(tmp_path / "ckpt"), *SMALL]
     assert main(args) == 0
     out = capsys.readouterr().out
-    for text in ("scripted-expert", "SFT warm start", "GRPO", "held-out greedy success", "learning curve",
-                 "report:", "demo finished"):
+    for text in ("scripted:doors?noise=0.9", "SFT plateau", "GRPO", "held-out greedy success", "learning curve",
+                 "val_success", "report:", "demo finished"):
         assert text in out, text
     assert (tmp_path / "report" / "index.html").is_file()
     with Lake.open(str(tmp_path / "lake")) as lake:
         kinds = dict(lake.query("SELECT kind, count(*) AS n FROM runs GROUP BY kind").iter_rows())
-        assert kinds["eval"] == 3 and kinds["train"] == 2  # start, SFT and GRPO evaluated; sft + grpo trained
+        # an eval run per policy and split: the two SFT checkpoints on val, the start, the plateau and GRPO on test
+        # (the start's test run is played once and read back in the final table); sft and grpo trained
+        assert kinds["eval"] == 5 and kinds["train"] == 2
+        val = lake.query("SELECT DISTINCT e.policy_id FROM episodes e JOIN runs r USING (run_id) "
+                         "WHERE r.kind = 'eval' AND r.run_id LIKE '%-val-%' ORDER BY 1")["policy_id"].to_list()
+        assert val == ["demo-sft/step-2", "demo-sft/step-4"]
+        expert = lake.query("SELECT DISTINCT policy_id FROM episodes WHERE run_id = 'demo-expert'").item()
+        assert expert == "scripted:doors?noise=0.9"
         steps = lake.query("SELECT count(*) FROM train_steps WHERE run_id = 'demo-grpo' AND policy_id IS NOT NULL")
         assert steps.item() == 2
         before = (lake.count("episodes"), lake.count("train_steps"), lake.count("policies"))
@@ -44,6 +51,10 @@ def test_demo_config_errors():
         DemoConfig(model="gpt")
     with pytest.raises(TrajlakeError, match="iterations must be >= 1"):
         DemoConfig(iterations=0)
+    with pytest.raises(TrajlakeError, match=r"sft_every \(200\) must be <= sft_steps \(100\)"):
+        DemoConfig(sft_steps=100, sft_every=200)
+    with pytest.raises(TrajlakeError, match="expert_noise must be between 0 and 1, got 1.5"):
+        DemoConfig(expert_noise=1.5)
 
 
 def test_demo_reports_errors_in_one_line(tmp_path, capsys):

@@ -137,6 +137,52 @@ def test_hf_sampling_is_seeded(hf, tiny):
 
 
 # ---- scripted experts -------------------------------------------------------------------------------
+def test_noisy_expert_guesses_where_the_key_is_hidden(tiny, shared, tmp_path):
+    """scripted:doors?noise=P: in front of a sign it opens a listed door unread with probability P, elsewhere it
+    acts as the expert; the guesses are seeded by the run's seed and the episode, so the same collect in
+    another lake replays the same actions and another seed draws others."""
+    kw = dict(env="doors", difficulty=3, max_turns=6, template="plain", tokenizer=str(tiny), tasks=64)
+    collect(cfg(policy="scripted:doors?noise=0.9", run_id="noisy-a", **kw), shared)
+    eps = episodes_of(shared, "noisy-a")
+    assert set(eps["policy_id"]) == {"scripted:doors?noise=0.9"}
+    assert 0.0 < eps["success"].mean() < 0.4  # the expert wins every one; the hasty reader about one in ten
+    first = [t for t in turns_of(shared, "noisy-a").iter_rows(named=True) if t["turn"] == 0]
+    opened = [t for t in first if t["action"].startswith("open ")]
+    assert 0.75 < len(opened) / len(first) < 1.0 and any(t["action"] == "read sign" for t in first)
+    for t in opened:  # a guess is one of the doors of the room, never a door that is not there
+        assert t["action"].removeprefix("open ") in t["observation"].split("doors: ")[1]
+    actions = turns_of(shared, "noisy-a")["action"].to_list()
+    for seed, same in ((0, True), (1, False)):
+        with Lake.open(str(tmp_path / f"lake-{seed}")) as lake:
+            collect(cfg(policy="scripted:doors?noise=0.9", run_id="noisy-a", seed=seed, **kw), lake)
+            assert (turns_of(lake, "noisy-a")["action"].to_list() == actions) is same
+    collect(cfg(policy="scripted:doors?noise=0", run_id="noisy-0", **kw), shared)
+    assert set(episodes_of(shared, "noisy-0")["policy_id"]) == {"scripted:doors"}
+    assert episodes_of(shared, "noisy-0")["success"].all()
+
+
+@pytest.mark.parametrize("spec, message", [
+    ("scripted:doors?noise=1.5", "noise must be a probability between 0 and 1, got '1.5'"),
+    ("scripted:doors?noise=high", "noise must be a probability between 0 and 1, got 'high'"),
+    ("scripted:doors?temperature=1", "unknown expert option 'temperature=1'; valid: noise=P"),
+    ("scripted:doors?noise", "unknown expert option 'noise'; valid: noise=P"),
+    ("scripted:maze?noise=0.5", "the maze expert has no hasty guess to play, so it has no noisy variant"),
+])
+def test_noisy_expert_spec_errors(spec, message):
+    env = spec.split(":")[1].split("?")[0]
+    with pytest.raises(TrajlakeError, match=message.replace("(", r"\(").replace("?", r"\?")):
+        load_policy(spec, env=env, template=get_template("plain"))
+
+
+def test_doors_guess_reads_only_the_observation():
+    expert = make_env("doors").expert()
+    rng = __import__("random").Random(0)
+    room = "Room 2 of 2. Four doors: red, blue, pink, gray. A sign is here."
+    assert {expert.guess(room, rng) for _ in range(64)} == {f"open {c}" for c in ("red", "blue", "pink", "gray")}
+    assert expert.guess("The sign says: the key is behind the red door.", rng) is None
+    assert expert.guess("Three doors: red, blue, pink. The key is behind the red door.", rng) is None
+
+
 @pytest.mark.parametrize("template", list(TEMPLATES))
 def test_scripted_policy_renders_the_template(template):
     """Two guess episodes in lockstep: each reply is the expert's action in the template; both win."""

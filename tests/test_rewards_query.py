@@ -120,8 +120,9 @@ def spec_st(draw, strategy: str) -> tuple[str, dict]:
     def comp(kind, name, **params):
         comps.append({"kind": kind, "name": name, "weight": draw(WEIGHT), **params})
 
+    mode = draw(st.sampled_from(["episode", "openmanus"]))
     comp("goal", "goal", success=draw(st.sampled_from([1.0, 2.5])), failure=draw(st.sampled_from([-1.0, 0.0])),
-         mode=draw(st.sampled_from(["episode", "openmanus"])))
+         mode=mode, truncated=draw(st.sampled_from(["score", "failure"])) if mode == "episode" else "score")
     lp = {"unit": draw(st.sampled_from(["tokens", "chars"])), "scope": draw(st.sampled_from(["last", "episode"])),
           "shape": draw(st.sampled_from(["linear", "quadratic", "log"])), "scale": draw(st.floats(0, 0.5))}
     bounds = draw(st.sampled_from(["max", "min", "both"]))

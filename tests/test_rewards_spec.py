@@ -93,7 +93,7 @@ def test_example_spec_parses_as_written(tmp_path):
     assert spec.component("sql").params == {"expr": "num_turns * 0.1"}
     assert spec.component("format").params == {"pattern": "<action>.*</action>", "over": "each", "dotall": False,
                                                 "envs": None}
-    assert spec.component("goal").params == {"success": 1.0, "failure": -1.0, "mode": "episode"}
+    assert spec.component("goal").params == {"success": 1.0, "failure": -1.0, "mode": "episode", "truncated": "score"}
     assert [c.line for c in spec.components] == [7, 11, 16]
     assert spec.source == str(tmp_path / "spec.toml")
 
@@ -155,14 +155,15 @@ def test_spec_id_changes_with_content(change):
 
 
 def test_parameters_added_later_keep_old_ids_at_their_old_meaning():
-    """goal's mode and format's dotall / envs came after specs were stored: at the value that keeps the old
-    meaning they are left out of the id (spelled out or not), so the issue's example keeps the id it had."""
+    """goal's mode and truncated, and format's dotall / envs came after specs were stored: at the value that keeps
+    the old meaning they are left out of the id (spelled out or not), so the issue's example keeps the id it had."""
     example = parse_spec(EXAMPLE)
     assert example.spec_id == "bc4c83f92e07a8bd"
-    spelled = EXAMPLE.replace('kind = "goal"\n', 'kind = "goal"\nmode = "episode"\n').replace(
+    spelled = EXAMPLE.replace('kind = "goal"\n', 'kind = "goal"\nmode = "episode"\ntruncated = "score"\n').replace(
         'pattern = "<action>.*</action>"', 'pattern = "<action>.*</action>"\ndotall = false')
     assert parse_spec(spelled).spec_id == example.spec_id
-    for new in ('kind = "goal"\nmode = "openmanus"\n', 'kind = "format"\ndotall = true\n',
+    for new in ('kind = "goal"\nmode = "openmanus"\n', 'kind = "goal"\ntruncated = "failure"\n',
+                'kind = "format"\ndotall = true\n',
                 'kind = "format"\nenvs = ["webshop"]\n'):
         kind = new.split("\n")[0] + "\n"
         assert parse_spec(EXAMPLE.replace(kind, new, 1)).spec_id != example.spec_id, new
@@ -191,7 +192,9 @@ def component_error(tmp_path, body: str, nth: int = 2) -> tuple[int, str, str]:
     ('kind = "gaol"\n', r"unknown component kind 'gaol'.*goal"),
     ('weight = 1.0\n', r"needs a `kind` \(one of .*goal.*\), got None"),
     ('kind = 3\n', r"needs a `kind`.*got 3"),
-    ('kind = "goal"\nsucess = 1.0\n', r"unknown parameter\(s\) sucess; goal takes failure, mode, success"),
+    ('kind = "goal"\nsucess = 1.0\n', r"unknown parameter\(s\) sucess; goal takes failure, mode, success, truncated"),
+    ('kind = "goal"\ntruncated = 0\n', r"truncated must be one of score, failure, got 0"),
+    ('kind = "goal"\nmode = "openmanus"\ntruncated = "failure"\n', r'truncated = "failure" needs mode = "episode"'),
     ('kind = "goal"\nmode = "openmanus-rl"\n', r"mode must be one of episode, openmanus, got 'openmanus-rl'"),
     ('kind = "format"\npattern = "<action>(.*</action>"\n', r"bad regex"),
     # valid for Python's re but not for RE2, which the query uses

@@ -43,6 +43,12 @@ class Expert(ABC):
     def act(self, observation: str) -> str:
         """The next action, as the plain action string the env parses (e.g. "move north")."""
 
+    def guess(self, observation: str, rng: random.Random) -> str | None:
+        """What a hasty demonstrator does instead of `act`: a plausible action chosen from the observation alone,
+        without the ground truth (None where it would act as the expert does). The noisy expert
+        (`scripted:ENV?noise=P`) plays it with probability P; an env whose expert has no guess refuses noise."""
+        raise NotImplementedError
+
 
 class Env(ABC):
     """A seeded, deterministic, pure-Python text environment.

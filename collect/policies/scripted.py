@@ -6,27 +6,60 @@ model's chat template, so expert episodes train that model directly.
 
 from __future__ import annotations
 
+import random
 from typing import Any
 
 from trajlake.collect.envs import make_env
+from trajlake.collect.envs.base import Expert
 from trajlake.collect.policies.base import Generation, Policy, Request, SamplingParams
 from trajlake.collect.templates import ActionTemplate
 from trajlake.store.errors import TrajlakeError
 
 
+NOISE_OPTIONS = ("noise",)
+
+
+def parse_expert_options(spec: str, query: str) -> float:
+    """The noise of `scripted:ENV?noise=P`: the probability that each action is the hasty demonstrator's guess
+    (Expert.guess) instead of the expert's. One clear line for anything else."""
+    if not query:
+        return 0.0
+    key, sep, value = query.partition("=")
+    if key not in NOISE_OPTIONS or not sep:
+        raise TrajlakeError(f"{spec}: unknown expert option {query!r}; valid: noise=P (0 <= P <= 1)")
+    try:
+        noise = float(value)
+    except ValueError:
+        noise = -1.0
+    if not 0.0 <= noise <= 1.0:
+        raise TrajlakeError(f"{spec}: noise must be a probability between 0 and 1, got {value!r}")
+    return noise
+
+
 class ScriptedPolicy(Policy):
-    """The scripted expert of env `env_name`, one expert instance per live episode."""
+    """The scripted expert of env `env_name`, one expert instance per live episode.
+
+    With `noise` P > 0 it is a noisy demonstrator: at each turn, with probability P, it plays the env's hasty
+    guess (`Expert.guess`, made from the observation alone) instead of the expert's action. The guesses are
+    seeded by the run's sampling seed and the episode key: a resumed or repeated collect replays the same
+    demonstrations, and another seed draws others.
+    """
 
     exact_tokens = False
 
-    def __init__(self, env_name: str, template: ActionTemplate, tokenizer: Any = None):
+    def __init__(self, env_name: str, template: ActionTemplate, tokenizer: Any = None, noise: float = 0.0):
         self.env_name = env_name
         self.template = template
         self.tokenizer = tokenizer
-        self.policy_id = f"scripted:{env_name}"
+        self.noise = noise
+        self.policy_id = f"scripted:{env_name}" + (f"?noise={noise:g}" if noise else "")
         self._env = make_env(env_name)
-        self._env.expert()  # an env without an expert fails here, before anything is played
+        expert = self._env.expert()  # an env without an expert fails here, before anything is played
+        if noise and type(expert).guess is Expert.guess:
+            raise TrajlakeError(f"{self.policy_id}: the {env_name} expert has no hasty guess to play, so it has "
+                                f"no noisy variant (use scripted:{env_name})")
         self._experts: dict[str, Any] = {}
+        self._rngs: dict[str, random.Random] = {}
 
     def start_episode(self, key: str, task: Any) -> None:
         if getattr(task, "env", self.env_name) != self.env_name:  # an oracle would misread another env's task
@@ -38,10 +71,19 @@ class ScriptedPolicy(Policy):
 
     def end_episode(self, key: str) -> None:
         self._experts.pop(key, None)
+        self._rngs.pop(key, None)
+
+    def _action(self, key: str, observation: str, seed: int) -> str:
+        rng = self._rngs.setdefault(key, random.Random(f"noise:{seed}:{key}"))
+        if self.noise and rng.random() < self.noise:
+            guess = self._experts[key].guess(observation, rng)
+            if guess is not None:
+                return guess
+        return self._experts[key].act(observation)
 
     def generate(self, requests: list[Request], params: SamplingParams) -> list[Generation]:
         out = []
         for r in requests:
-            action = self._experts[r.key].act(r.observation)
+            action = self._action(r.key, r.observation, params.seed)
             out.append(Generation(text=self.template.render(action, thought=f"I will {action}.")))
         return out
