@@ -74,14 +74,15 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--advantage", default=defaults.advantage, help="advantage estimator (default grpo)")
     for name in TRAIN_FLOATS:
         p.add_argument(f"--{name.replace('_', '-')}", type=float, default=None, help=f"GRPO {name}")
+    p.add_argument("--reward-spec", default=None, help="the spec GRPO trains on (default: the default spec)")
     p.add_argument("--seeds", type=int, default=3, help="seeds 0..N-1 (default 3)")
     p.add_argument("--model", type=Path, default=None, help="model folder (default: the tiny model, built)")
     p.add_argument("--out", type=Path, default=None, help="keep each seed's lake and checkpoints in this folder "
                    "(default: a temporary folder, removed)")
     args = vars(p.parse_args(argv))
     seeds, model, out = args.pop("seeds"), args.pop("model"), args.pop("out")
-    overrides = {k: args.pop(k) for k in TRAIN_FLOATS if args[k] is not None}
-    for k in TRAIN_FLOATS:
+    overrides = {k: args.pop(k) for k in (*TRAIN_FLOATS, "reward_spec") if args[k] is not None}
+    for k in (*TRAIN_FLOATS, "reward_spec"):
         args.pop(k, None)
     try:
         if seeds < 1:
