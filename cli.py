@@ -47,10 +47,11 @@ def _global(
     State.debug = debug
 
 
-def open_lake() -> Lake:
+def open_lake(*, read_only: bool = False) -> Lake:
+    """The --lake lake; read commands open it read-only (they never create or change a lake)."""
     import trajlake.rewards  # noqa: F401 (registers the token_rewards view for queries)
 
-    return Lake.open(State.lake_uri)
+    return Lake.open(State.lake_uri, read_only=read_only)
 
 
 @app.command(context_settings={"ignore_unknown_options": True})  # SQL may start with a `-- comment`
@@ -61,7 +62,8 @@ def sql(
     fmt: display.Format = typer.Option("table", "--format", "-f", help="Output format."),
     out: Optional[Path] = typer.Option(None, "--out", "-o", help="Write to this file instead of stdout."),
 ) -> None:
-    """Run SQL on the lake (tables: tasks, runs, policies, episodes, turns, reward_specs, ...)."""
+    """Run read-only SQL on the lake (tables: tasks, runs, policies, episodes, turns, reward_specs, ...): one
+    statement at a time; anything that would write (DDL, DML, COPY, ATTACH, SET, CALL...) is refused."""
     if file is not None:
         if query is not None:
             raise TrajlakeError("give the SQL either as an argument or with --file, not both")
@@ -69,7 +71,7 @@ def sql(
             query = file.read_text()
         except OSError as e:
             raise TrajlakeError(f"cannot read SQL file {file}: {e.strerror}") from None
-    with open_lake() as lake:
+    with open_lake(read_only=True) as lake:
         if query is None:
             display.shell(lake, snapshot=snapshot)
             return
@@ -79,7 +81,7 @@ def sql(
 @app.command()
 def snapshots() -> None:
     """List the lake's snapshots: id, time, stage, message, run id."""
-    with open_lake() as lake:
+    with open_lake(read_only=True) as lake:
         display.emit(lake.snapshots().drop("changes"), display.Format.table, None, max_rows=10_000)
 
 
@@ -88,7 +90,7 @@ def tables() -> None:
     """List the tables with their row counts."""
     from trajlake.schemas import TABLES
 
-    with open_lake() as lake:
+    with open_lake(read_only=True) as lake:
         counts = " UNION ALL ".join(f"SELECT '{t}' AS table_name, count(*) AS rows FROM {t}" for t in TABLES)
         display.emit(lake.query(counts), display.Format.table, None)
 
@@ -99,8 +101,8 @@ def export(
     query: str = typer.Option(..., "--query", "-q", help="SQL whose result is exported."),
     snapshot: Optional[int] = typer.Option(None, "--snapshot", "-s"),
 ) -> None:
-    """Export a query's result to a parquet file."""
-    with open_lake() as lake:
+    """Export a read-only query's result to a parquet file."""
+    with open_lake(read_only=True) as lake:
         display.emit(lake.query(query, snapshot=snapshot), display.Format.parquet, path)
 
 
@@ -319,7 +321,7 @@ def report(
     policies side by side), each beside the query that made it."""
     from trajlake.evaluate.report import build_report
 
-    with open_lake() as lake:
+    with open_lake(read_only=True) as lake:
         index = build_report(lake, out, runs=runs or None)
     display.console.print(f"report: {index}")
 

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import decimal
 import enum
+import json
 import re
 import sys
 from datetime import timedelta
@@ -67,17 +69,41 @@ def emit(df: pl.DataFrame, fmt: Format, out: Path | None, max_rows: int = MAX_RO
         else:
             console.print(render_table(df, max_rows))
         return
-    # csv/json cannot hold nested lists in every tool; polars writes lists in JSON and refuses them in CSV
+    # LIST, STRUCT and MAP columns are JSON in both formats: a JSON text cell in CSV, nested JSON in JSON (a MAP,
+    # which reaches polars as a list of key/value structs, as an object)
+    nested = [c for c, t in df.schema.items() if t.is_nested()]
     if fmt is Format.csv:
-        nested = [c for c, t in df.schema.items() if isinstance(t, (pl.List, pl.Struct, pl.Array))]
-        df = df.with_columns(pl.col(c).map_elements(str, return_dtype=pl.String) for c in nested)
+        df = df.with_columns(pl.Series(c, [_json_text(_plain(v)) for v in df[c].to_list()], dtype=pl.String)
+                             for c in nested)
         text = df.write_csv()
+    elif nested:
+        rows = [{k: _plain(v) for k, v in row.items()} for row in df.iter_rows(named=True)]
+        text = json.dumps(rows, default=_json_default, ensure_ascii=False)
     else:
         text = df.write_json()
     if out is not None:
         Path(out).write_text(text)
     else:
         sys.stdout.write(text if text.endswith("\n") else text + "\n")
+
+
+def _plain(v):
+    """A nested cell as plain JSON values: a MAP's list of {key, value} structs as an object."""
+    if isinstance(v, list):
+        if v and all(isinstance(x, dict) and set(x) == {"key", "value"} for x in v):
+            return {str(x["key"]): _plain(x["value"]) for x in v}
+        return [_plain(x) for x in v]
+    if isinstance(v, dict):
+        return {k: _plain(x) for k, x in v.items()}
+    return v
+
+
+def _json_default(v):
+    return float(v) if isinstance(v, decimal.Decimal) else str(v)  # decimals as numbers; dates and the like as text
+
+
+def _json_text(v) -> str | None:
+    return None if v is None else json.dumps(v, default=_json_default, ensure_ascii=False)
 
 
 def emit_vertical(df: pl.DataFrame, key: str | None = None) -> None:

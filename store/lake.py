@@ -55,9 +55,10 @@ class CommitResult:
 class Lake:
     """A trajectory lake. Open with `Lake.open(uri)`; safe to share between threads of one process."""
 
-    def __init__(self, con: duckdb.DuckDBPyConnection, catalog: CatalogURI):
+    def __init__(self, con: duckdb.DuckDBPyConnection, catalog: CatalogURI, read_only: bool = False):
         self._con = con
         self.catalog = catalog
+        self.read_only = read_only
         self._lock = threading.Lock()  # guards the base connection, which is used only to make cursors
         # last_committed_snapshot() is per attached lake, not per cursor: no other thread may commit between
         # a commit and reading its snapshot id
@@ -65,20 +66,29 @@ class Lake:
 
     # ---- opening -------------------------------------------------------------------------------
     @classmethod
-    def open(cls, uri: str | None = None) -> Lake:
-        """Open (creating if new) the lake at `uri`: a folder, `sqlite:FILE` or `postgres:CONNINFO`."""
+    def open(cls, uri: str | None = None, *, read_only: bool = False) -> Lake:
+        """Open (creating if new) the lake at `uri`: a folder, `sqlite:FILE` or `postgres:CONNINFO`.
+
+        `read_only`: never create or change anything: a missing lake is an error, the catalog is attached
+        read-only, and `query` runs one read statement at a time (`check_read_only`)."""
         catalog = parse_uri(uri)
-        catalog.prepare()
+        if read_only:
+            why = catalog.missing()
+            if why:
+                raise CatalogError(f"cannot open lake {catalog.raw}: {why}")
+        else:
+            catalog.prepare()
         con = extensions.connect(catalog.extensions)
         try:
             if catalog.remote:
                 objectstore.configure(con, catalog.data_path)
-            catalog = _attach(con, catalog)
+            catalog = _attach(con, catalog, read_only=read_only)
         except BaseException:
             con.close()
             raise
-        lake = cls(con, catalog)
-        lake._ensure_tables()
+        lake = cls(con, catalog, read_only)
+        if not read_only:
+            lake._ensure_tables()
         return lake
 
     def _ensure_tables(self) -> None:
@@ -255,6 +265,8 @@ class Lake:
         e.g. `token_rewards`). `tables` are extra Arrow tables the query may read by name. Returns polars or
         Arrow.
         """
+        if self.read_only:
+            check_read_only(sql)
         cur = self._cursor()
         try:
             if snapshot is None:
@@ -384,14 +396,19 @@ class Lake:
         return n
 
 
-def _attach(con: duckdb.DuckDBPyConnection, catalog: CatalogURI) -> CatalogURI:
+def _attach(con: duckdb.DuckDBPyConnection, catalog: CatalogURI, *, read_only: bool = False,
+            override: bool = False) -> CatalogURI:
     """Attach the lake; returns the catalog URI as opened (with the catalog's own data path when the URI left
     it to the default and the lake keeps its data on object storage)."""
     try:
-        con.execute(catalog.attach_sql(ALIAS))
+        con.execute(catalog.attach_sql(ALIAS, read_only=read_only, override_data_path=override))
         return catalog
     except duckdb.Error as e:
         msg = str(e)
+    if read_only and catalog.backend == "postgres" and ("read-only mode" in msg or "creating a new DuckLake" in msg):
+        # DuckLake tried to create its metadata tables: there is no lake in that database and schema
+        raise CatalogError(f"cannot open lake {catalog.raw}: no lake there (a write command such as collect or "
+                           "import creates one)") from None
     if "Could not set lock" in msg or "Conflicting lock" in msg:
         holder = msg.split("Conflicting lock is held in", 1)[-1].split("See also")[0].strip()
         raise LakeLockedError(
@@ -410,14 +427,50 @@ def _attach(con: duckdb.DuckDBPyConnection, catalog: CatalogURI) -> CatalogURI:
                 if name not in catalog.extensions:
                     con.load_extension(str(extensions.extension_path(name)))
             objectstore.configure(con, opened.data_path)
-            opened = _attach(con, opened)
+            opened = _attach(con, opened, read_only=read_only)
             try:  # the unused default data folder prepare() made, if it is empty
                 Path(catalog.data_path).rmdir()
             except OSError:
                 pass
             return opened
+        if catalog.folder_data and stored and not override and _holds_files(catalog.data_path):
+            # a folder (or sqlite file and its .data folder) moved or copied: its data is the copy beside it,
+            # not the folder it was made in (which may be gone, or another lake's now)
+            return _attach(con, catalog, read_only=read_only, override=True)
         hint = " (leave data_path out to use the catalog's)" if catalog.data_path_given else ""
     raise CatalogError(f"cannot open lake {catalog.raw}: {_first_line(msg)}{hint}") from None
+
+
+def _holds_files(folder: str) -> bool:
+    try:
+        return any(Path(folder).iterdir())
+    except OSError:
+        return False
+
+
+#: the statements a read-only query may run: reads, and EXPLAIN of a read
+_READ_STATEMENTS = ("SELECT", "EXPLAIN")
+
+
+def check_read_only(sql: str) -> None:
+    """Refuse SQL that is not exactly one read statement (SELECT, WITH, FROM, DESCRIBE, SHOW, SUMMARIZE,
+    VALUES, EXPLAIN of a read), naming what is refused. DuckDB's parser tells the statement types; the
+    read-only attach stops anything else (e.g. a table function that writes) from reaching the lake."""
+    try:
+        statements = duckdb.extract_statements(sql)
+    except duckdb.Error as e:
+        raise TrajlakeError(f"query failed: {_first_line(str(e))}") from None
+    kinds = [s.type.name for s in statements]
+    if not kinds:
+        raise TrajlakeError("no SQL statement given")
+    if len(kinds) != 1:
+        raise TrajlakeError(f"one statement at a time, got {len(kinds)} ({', '.join(kinds)}): the lake is read-only here")
+    if kinds[0] not in _READ_STATEMENTS:
+        raise TrajlakeError(f"{kinds[0]} statements are refused: the lake is read-only here (sql and export only "
+                            "read; the store changes through collect, import, rewards and train)")
+    if kinds[0] == "EXPLAIN":
+        inner = re.sub(r"^\s*EXPLAIN\s+(ANALY[SZ]E\s+)?", "", statements[0].query, flags=re.IGNORECASE)
+        check_read_only(inner)
 
 
 def _is_json_col(table: str, column: str) -> bool:

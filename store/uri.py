@@ -64,9 +64,14 @@ class CatalogURI:
         scanner = {"sqlite": ("sqlite_scanner",), "postgres": ("postgres_scanner",)}.get(self.backend, ())
         return ("ducklake", *scanner, *(("httpfs",) if self.remote else ()))
 
-    def attach_sql(self, alias: str, *, data_path: bool = True) -> str:
-        """The ATTACH statement; without `data_path`, the catalog's stored one applies (existing lakes)."""
-        opts = [f"DATA_PATH {_quote(self.data_path)}"] if data_path else []
+    def attach_sql(self, alias: str, *, data_path: bool = True, read_only: bool = False,
+                   override_data_path: bool = False) -> str:
+        """The ATTACH statement; without `data_path`, the catalog's stored one applies (existing lakes).
+        `override_data_path`: this URI's data path replaces the stored one (a moved or copied folder lake)."""
+        opts = ["READ_ONLY"] if read_only else []
+        opts += [f"DATA_PATH {_quote(self.data_path)}"] if data_path else []
+        if override_data_path:
+            opts.append("OVERRIDE_DATA_PATH true")
         if self.metadata_schema:
             opts.append(f"METADATA_SCHEMA {_quote(self.metadata_schema)}")
         if self.backend == "duckdb":
@@ -75,6 +80,25 @@ class CatalogURI:
             opts.append("DATA_INLINING_ROW_LIMIT 0")
         options = f" ({', '.join(opts)})" if opts else ""
         return f"ATTACH {_quote('ducklake:' + self.metadata)} AS {alias}{options}"
+
+    @property
+    def folder_data(self) -> bool:
+        """Whether the data files are the local default beside the catalog (`PATH/data/`, `FILE.data/`), which
+        moves and is copied with it."""
+        return self.backend in ("duckdb", "sqlite") and not self.data_path_given
+
+    def missing(self) -> str | None:
+        """Why there is no lake here to read (None where one may be: a catalog file exists, or PostgreSQL,
+        which only the attach can tell)."""
+        if self.backend == "postgres":
+            return None
+        path = Path(self.metadata.removeprefix("sqlite:"))
+        if path.is_dir():
+            return f"{path} is a folder, not a catalog file"
+        if not path.exists():
+            where = path.parent if self.backend == "duckdb" else path
+            return f"no lake at {where} (a write command such as collect or import creates one)"
+        return None
 
     def prepare(self) -> None:
         """Create local folders the catalog and data need (nothing for remote paths)."""
@@ -119,6 +143,9 @@ def parse_uri(uri: str | os.PathLike | None) -> CatalogURI:
         if not path:
             raise CatalogError("sqlite: URI needs a file path, e.g. sqlite:lake/catalog.sqlite")
         path = str(Path(path).expanduser().absolute())
+        if Path(path).is_dir():
+            raise CatalogError(f"sqlite: URI names the folder {path}; give the catalog file in it, e.g. "
+                               f"sqlite:{Path(path) / 'catalog.sqlite'}")
         return CatalogURI("sqlite", f"sqlite:{path}", data or path + ".data/", raw=raw, data_path_given=bool(data))
     if raw.startswith(("postgres:", "postgresql:")):
         conninfo = raw.split(":", 1)[1]
