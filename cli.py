@@ -382,8 +382,11 @@ def main(argv: list[str] | None = None) -> int:
     except typer.Abort:
         print("aborted", file=sys.stderr)
         return 130
-    except typer.TyperException as e:  # usage errors: typer shows them with the usage line
-        e.show()
+    except typer.TyperException as e:  # usage errors: one line naming the problem and where the help is
+        where = getattr(getattr(e, "ctx", None), "command_path", None) or "trajlake"
+        message = e.format_message() if hasattr(e, "format_message") else str(e)
+        if message.strip():  # no message: the help was shown (no command given)
+            print(f"error: {' '.join(message.split())} (see: {where} --help)", file=sys.stderr)
         return getattr(e, "exit_code", 2)
     except (TrajlakeError, OSError, ValueError, KeyError) as e:
         if debug:

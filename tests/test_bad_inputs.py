@@ -1,0 +1,149 @@
+"""Every command against its bad inputs, table-driven: each case exits with the code it should (1 for a bad
+value, 2 for a usage error), prints one line on stderr and no traceback, and leaves the lake as it was (the
+same snapshots and row counts of every table)."""
+
+from __future__ import annotations
+
+import pytest
+
+from trajlake.cli import main
+from trajlake.schemas import TABLES, Episode
+from trajlake.store import Lake
+
+#: (argv, exit code, text the one line contains); {lake} {tmp} {tiny} {spec} {bad_toml} {file} {jsonl} are filled in
+CASES = [
+    # the lake URI
+    (["--lake", "", "tables"], 1, "empty lake URI"),
+    (["--lake", "ftp://x/y", "tables"], 1, "unknown lake URI scheme 'ftp'"),
+    (["--lake", "postgres:host=127.0.0.1", "tables"], 1, "postgres URI needs dbname="),
+    (["--lake", "postgres:dbname", "tables"], 1, "is not key=value"),
+    (["--lake", "{file}", "tables"], 1, "is a file; a DuckDB-file lake is a folder"),
+    (["--lake", "sqlite:{tmp}", "tables"], 1, "sqlite: URI names the folder"),
+    (["--lake", "sqlite:", "tables"], 1, "sqlite: URI needs a file path"),
+    (["--lake", "{lake} data_path=", "tables"], 1, "data_path= needs a value"),
+    (["--lake", "{tmp}/none", "snapshots"], 1, "no lake at"),
+    # usage
+    (["nosuch"], 2, "No such command 'nosuch'"),
+    (["--lake", "{lake}", "export", "{tmp}/x.parquet"], 2, "Missing option '--query'"),
+    (["--lake", "{lake}", "collect", "--env", "doors"], 2, "Missing option '--policy'"),
+    (["--lake", "{lake}", "collect", "--env", "doors", "--policy", "x", "--tasks", "many"], 2,
+     "Invalid value for '--tasks'"),
+    (["--lake", "{lake}", "sql", "SELECT 1", "-f", "xml"], 2, "Invalid value for '--format'"),
+    (["--lake", "{lake}", "evaluate", "--env", "doors"], 2, "Missing option '--policy'"),
+    (["--lake", "{lake}", "train"], 2, "Missing option '--config'"),
+    # sql and export
+    (["--lake", "{lake}", "sql", "DROP TABLE episodes"], 1, "DROP statements are refused"),
+    (["--lake", "{lake}", "sql", "DELETE FROM episodes"], 1, "DELETE statements are refused"),
+    (["--lake", "{lake}", "sql", "UPDATE episodes SET success = true"], 1, "UPDATE statements are refused"),
+    (["--lake", "{lake}", "sql", "SELECT 1; DELETE FROM turns"], 1, "one statement at a time"),
+    (["--lake", "{lake}", "sql", "SELECT nosuchcol FROM episodes"], 1, "nosuchcol"),
+    (["--lake", "{lake}", "sql", "SELECT * FROM nosuchtable"], 1, "nosuchtable"),
+    (["--lake", "{lake}", "sql", "SELEC 1"], 1, "syntax error"),
+    (["--lake", "{lake}", "sql", "SELECT 1", "-s", "999"], 1, "snapshot 999 does not exist"),
+    (["--lake", "{lake}", "sql", "SELECT 1", "--file", "{tmp}/none.sql"], 1, "give the SQL either as an argument"),
+    (["--lake", "{lake}", "sql", "--file", "{tmp}/none.sql"], 1, "cannot read SQL file"),
+    (["--lake", "{lake}", "sql", "SELECT 1", "-f", "parquet"], 1, "--format parquet needs --out PATH"),
+    (["--lake", "{lake}", "export", "{tmp}/x.parquet", "--query", "DELETE FROM episodes"], 1,
+     "DELETE statements are refused"),
+    (["--lake", "{lake}", "export", "{tmp}/x.parquet", "--query", "SELECT 1", "-s", "999"], 1,
+     "snapshot 999 does not exist"),
+    # maintain
+    (["--lake", "{lake}", "maintain", "--expire-older-than", "soon"], 1, "soon"),
+    (["--lake", "{lake}", "maintain", "--grace", "1 fortnight"], 1, "fortnight"),
+    # collect
+    (["--lake", "{lake}", "collect", "--env", "nosuch", "--policy", "scripted", "--tokenizer", "{tiny}"], 1,
+     "unknown env 'nosuch'"),
+    (["--lake", "{lake}", "collect", "--env", "doors", "--policy", "gpt:4"], 1, "unknown policy spec 'gpt:4'"),
+    (["--lake", "{lake}", "collect", "--env", "doors", "--policy", "hf:{tmp}/nomodel"], 1, "nomodel"),
+    (["--lake", "{lake}", "collect", "--env", "doors", "--policy", "scripted:doors"], 1, "give tokenizer=PATH"),
+    (["--lake", "{lake}", "collect", "--env", "doors", "--policy", "scripted:doors", "--tokenizer", "{tiny}",
+      "--tasks", "0"], 1, "tasks"),
+    (["--lake", "{lake}", "collect", "--env", "doors", "--policy", "scripted:doors", "--tokenizer", "{tiny}",
+      "--samples", "0"], 1, "samples"),
+    (["--lake", "{lake}", "collect", "--env", "doors", "--policy", "scripted:doors", "--tokenizer", "{tiny}",
+      "--max-turns", "0"], 1, "max_turns"),
+    (["--lake", "{lake}", "collect", "--env", "doors", "--policy", "scripted:doors", "--tokenizer", "{tiny}",
+      "--difficulty", "99"], 1, "difficulty"),
+    (["--lake", "{lake}", "collect", "--env", "doors", "--policy", "scripted:doors", "--tokenizer", "{tiny}",
+      "--split", "holdout"], 1, "split"),
+    (["--lake", "{lake}", "collect", "--env", "doors", "--policy", "hf:{tiny}", "--temperature", "-1"], 1,
+     "temperature"),
+    (["--lake", "{lake}", "collect", "--env", "doors", "--policy", "hf:{tiny}", "--top-p", "2"], 1, "top_p"),
+    (["--lake", "{lake}", "collect", "--env", "doors", "--policy", "scripted:doors", "--tokenizer", "{tiny}",
+      "--template", "yaml"], 1, "yaml"),
+    (["--lake", "{lake}", "collect", "--env", "doors", "--policy", "scripted:doors?noise=2", "--tokenizer",
+      "{tiny}"], 1, "noise must be a probability between 0 and 1"),
+    (["--lake", "{lake}", "collect", "--env", "doors", "--policy", "scripted:maze", "--tokenizer", "{tiny}"], 1,
+     "is the expert of env 'maze'"),
+    (["--lake", "{lake}", "collect", "--env", "agentgym/textcraft", "--policy", "scripted", "--tokenizer", "{tiny}"],
+     1, "plays an AgentGym server: give its URL (--env-url URL)"),
+    (["--lake", "{lake}", "collect", "--env", "doors", "--policy", "scripted:doors", "--tokenizer", "{tiny}",
+      "--concurrency", "0"], 1, "concurrency"),
+    (["--lake", "{lake}", "collect", "--env", "doors", "--policy", "policy:nosuch", "--tokenizer", "{tiny}"], 1,
+     "no policy 'nosuch' in the store"),
+    (["--lake", "{lake}", "collect", "--env", "doors", "--policy", "run:nosuch"], 1,
+     "train run 'nosuch' has no checkpoint"),
+    # serve-env
+    (["serve-env", "--env", "nosuch"], 1, "unknown env 'nosuch'"),
+    (["serve-env", "--env", "doors", "--shape", "nosuch"], 1, "nosuch"),
+    # rewards
+    (["--lake", "{lake}", "rewards", "--spec", "{tmp}/none.toml"], 1, "none.toml"),
+    (["--lake", "{lake}", "rewards", "--spec", "{bad_toml}"], 1, "bad.toml"),
+    (["--lake", "{lake}", "rewards", "--where", "nosuchcol > 1"], 1, "nosuchcol"),
+    (["--lake", "{lake}", "rewards", "diff", "{spec}", "{tmp}/none.toml"], 1, "none.toml"),
+    # train
+    (["--lake", "{lake}", "train", "--config", "{tmp}/none.toml"], 1, "none.toml"),
+    (["--lake", "{lake}", "train", "--config", "{bad_toml}"], 1, "bad.toml"),
+    (["--lake", "{lake}", "train", "--config", "{spec}"], 1, "unknown"),
+    # evaluate
+    (["--lake", "{lake}", "evaluate", "--env", "doors", "--policy", "gpt:4"], 1, "unknown policy spec 'gpt:4'"),
+    (["--lake", "{lake}", "evaluate", "--env", "nosuch", "--policy", "hf:{tiny}"], 1, "unknown env 'nosuch'"),
+    (["--lake", "{lake}", "evaluate", "--env", "doors", "--policy", "hf:{tiny}", "--tasks", "0"], 1, "tasks"),
+    (["--lake", "{lake}", "evaluate", "--env", "doors", "--policy", "hf:{tiny}", "--policy", "hf:{tiny}"], 1,
+     "a policy is given twice"),
+    (["--lake", "{lake}", "evaluate", "--env", "doors", "--policy", "hf:{tiny}", "--samples", "2", "--greedy"], 1,
+     "greedy"),
+    (["--lake", "{lake}", "evaluate", "--env", "doors", "--policy", "hf:{tiny}", "--split", "holdout"], 1, "split"),
+    # import and models
+    (["--lake", "{lake}", "import", "agentgym", "{tmp}/none.parquet", "--tokenizer", "{tiny}"], 1, "none.parquet"),
+    (["--lake", "{lake}", "import", "agentgym", "{file}", "--tokenizer", "{tiny}"], 1, "unsupported file type '.txt'"),
+    (["--lake", "{lake}", "import", "agentgym", "{jsonl}", "--tokenizer", "{tmp}/notok"], 1, "notok"),
+    (["model", "tiny", "--out", "{file}"], 1, "exists and is not a directory"),
+    (["--lake", "{lake}", "report", "--out", "{file}"], 1, "file"),
+]
+
+
+@pytest.fixture(scope="module")
+def setting(tmp_path_factory, tiny):
+    tmp = tmp_path_factory.mktemp("bad")
+    lake = str(tmp / "lake")
+    with Lake.open(lake) as lk:
+        lk.append({"episodes": [Episode("e1", run_id="r1", env="doors", success=True)]}, stage="test", run_id="r1")
+    (tmp / "a-file.txt").write_text("not a lake\n")
+    (tmp / "bad.toml").write_text("name = [unclosed\n")
+    (tmp / "one.jsonl").write_text('{"item_id": "x", "conversations": []}\n')
+    spec = tmp / "spec.toml"
+    spec.write_text('name = "s"\n[allocation]\nstrategy = "last_token"\n[[components]]\nkind = "goal"\n')
+    return {"lake": lake, "tmp": str(tmp), "tiny": str(tiny), "file": str(tmp / "a-file.txt"),
+            "bad_toml": str(tmp / "bad.toml"), "spec": str(spec), "jsonl": str(tmp / "one.jsonl")}
+
+
+def lake_state(uri: str) -> tuple:
+    with Lake.open(uri, read_only=True) as lake:
+        return tuple(lake.snapshots()["snapshot_id"].to_list()), tuple(lake.count(t) for t in TABLES)
+
+
+def test_there_are_at_least_60_cases():
+    assert len(CASES) >= 60
+
+
+@pytest.mark.parametrize("argv, code, text", CASES, ids=[" ".join(c[0][-4:])[:60] for c in CASES])
+def test_bad_input(argv, code, text, setting, capsys):
+    before = lake_state(setting["lake"])
+    rc = main([a.format(**setting) for a in argv])
+    captured = capsys.readouterr()
+    lines = captured.err.strip().splitlines()
+    assert rc == code, captured
+    assert len(lines) == 1 and "Traceback" not in captured.err + captured.out, captured.err
+    assert lines[0].startswith("error: ") and text in lines[0], lines[0]
+    assert lake_state(setting["lake"]) == before
