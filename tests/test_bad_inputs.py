@@ -86,6 +86,9 @@ CASES = [
     # serve-env
     (["serve-env", "--env", "nosuch"], 1, "unknown env 'nosuch'"),
     (["serve-env", "--env", "doors", "--shape", "nosuch"], 1, "nosuch"),
+    (["serve-env", "--env", "doors", "--port", "99999"], 1, "port must be 0..65535 (0: a free one), got 99999"),
+    (["serve-env", "--env", "doors", "--host", "999.1.1.1", "--port", "0"], 1, "cannot serve on host '999.1.1.1'"),
+    (["serve-env", "--env", "doors", "--host", "192.0.2.1", "--port", "0"], 1, "cannot serve on host '192.0.2.1'"),
     # rewards
     (["--lake", "{lake}", "rewards", "--spec", "{tmp}/none.toml"], 1, "none.toml"),
     (["--lake", "{lake}", "rewards", "--spec", "{bad_toml}"], 1, "bad.toml"),

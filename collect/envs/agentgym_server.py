@@ -40,6 +40,7 @@ from trajlake.collect.envs import SPLITS, Env, make_env
 from trajlake.collect.envs.agentgym_presets import get_preset
 from trajlake.collect.envs.agentgym_protocol import Preset
 from trajlake.schemas.records import Task
+from trajlake.store.errors import TrajlakeError
 
 log = logging.getLogger(__name__)
 
@@ -316,7 +317,12 @@ def make_server(env_name: str | Callable[[], Env], host: str = "127.0.0.1", port
     """
     make = env_name if callable(env_name) else functools.partial(make_env, env_name, **env_kwargs)
     preset = get_preset(preset)
-    return AgentGymServer(EnvApp(make, split, preset), host, port, prefix or preset.prefix, log_requests)
+    if not 0 <= port <= 65535:
+        raise TrajlakeError(f"port must be 0..65535 (0: a free one), got {port}")
+    try:
+        return AgentGymServer(EnvApp(make, split, preset), host, port, prefix or preset.prefix, log_requests)
+    except OSError as e:  # a host that does not resolve or is not this machine's, a port in use or not allowed
+        raise TrajlakeError(f"cannot serve on host {host!r} port {port}: {e.strerror or e}") from None
 
 
 def serve_env(env_name: str | Callable[[], Env], host: str = "127.0.0.1", port: int = 0, split: str = "test",
