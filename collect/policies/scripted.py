@@ -15,7 +15,6 @@ from trajlake.collect.policies.base import Generation, Policy, Request, Sampling
 from trajlake.collect.templates import ActionTemplate
 from trajlake.store.errors import TrajlakeError
 
-
 NOISE_OPTIONS = ("noise",)
 
 
