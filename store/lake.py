@@ -464,7 +464,8 @@ def check_read_only(sql: str) -> None:
     if not kinds:
         raise TrajlakeError("no SQL statement given")
     if len(kinds) != 1:
-        raise TrajlakeError(f"one statement at a time, got {len(kinds)} ({', '.join(kinds)}): the lake is read-only here")
+        raise TrajlakeError(f"one statement at a time, got {len(kinds)} ({', '.join(kinds)}): "
+                            "the lake is read-only here")
     if kinds[0] not in _READ_STATEMENTS:
         raise TrajlakeError(f"{kinds[0]} statements are refused: the lake is read-only here (sql and export only "
                             "read; the store changes through collect, import, rewards and train)")

@@ -148,7 +148,8 @@ def test_a_moved_sqlite_lake_opens(tmp_path):
 
 def test_nested_columns_are_json_in_csv_and_json(tmp_path, capsys):
     fill(str(tmp_path / "lake"))
-    sql = "SELECT map(['a', 'b'], [1.5, 2.0]) AS m, response_token_ids AS ids, {'x': 1} AS s, NULL::INT[] AS n FROM turns"
+    sql = ("SELECT map(['a', 'b'], [1.5, 2.0]) AS m, response_token_ids AS ids, {'x': 1} AS s, NULL::INT[] AS n "
+           "FROM turns")
     assert main(["--lake", str(tmp_path / "lake"), "sql", sql, "-f", "csv"]) == 0
     out = capsys.readouterr().out
     assert out == 'm,ids,s,n\n"{""a"": 1.5, ""b"": 2.0}","[1, 2, 3]","{""x"": 1}",\n'
