@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import time
 
+from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 
@@ -20,6 +21,7 @@ class CollectProgress:
             TextColumn("[bold]collect[/bold] {task.description}"), BarColumn(), MofNCompleteColumn(),
             TextColumn("success {task.fields[rate]}"), TextColumn("{task.fields[errors]}"),
             TextColumn("{task.fields[tps]} tok/s"), TimeElapsedColumn(), disable=not enabled, transient=False,
+            console=Console(stderr=True),  # progress on stderr: stdout is for results
         )
         label = f"{run_id} (retrying {retries} errored)" if retries else run_id
         self.task = self.progress.add_task(label, total=total, rate="-", tps="-", errors="")

@@ -53,6 +53,18 @@ class ImportResult:
     def turns_inserted(self) -> int:
         return self.inserted.get("turns", 0)
 
+    def __str__(self) -> str:
+        """A few lines for people: what was stored, what was there already, and each file's share."""
+        snaps = (f"snapshot {self.snapshots[0]}" if len(self.snapshots) == 1 else
+                 f"snapshots {self.snapshots[0]}..{self.snapshots[-1]}" if self.snapshots else "no new snapshot")
+        lines = [f"run {self.run_id}: imported {self.episodes_inserted} episodes ({self.turns_inserted} turns) from "
+                 f"{len(self.files)} file{'s' * (len(self.files) != 1)}, {snaps}"]
+        if self.episodes_skipped:
+            lines.append(f"  {self.episodes_skipped} episodes were stored already (skipped)")
+        for path, counts in self.per_file.items():
+            lines.append(f"  {path}: {counts.get('episodes', 0)} episodes, {counts.get('turns', 0)} turns")
+        return "\n".join(lines)
+
 
 def resolve_files(paths: str | PathLike | Iterable[str | PathLike]) -> list[Path]:
     """Input files, in order: a folder stands for its supported files (recursively, sorted)."""
@@ -167,10 +179,11 @@ def stored_episode_ids(lake: Any, ids: list[str]) -> set[str]:
 
 def progress_bar(enabled: bool):
     """A rich progress bar to use as a context manager (disabled: a silent one with the same API)."""
+    from rich.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
     return Progress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
-                    TimeElapsedColumn(), disable=not enabled)
+                    TimeElapsedColumn(), disable=not enabled, console=Console(stderr=True))
 
 
 def kind_name(v: Any) -> str:
