@@ -70,7 +70,12 @@ class _Run:
         rid = config.run_id or f"{kind}-{_now():%Y%m%d-%H%M%S}-{uuid.uuid4().hex[:6]}"
 
         def resolve():
-            start_path, start_pid, base, new_row = C.resolve_model(lake, config.model)
+            try:
+                start_path, start_pid, base, new_row = C.resolve_model(lake, config.model)
+            except ConfigError:
+                raise
+            except TrajlakeError as e:  # name the field: the path or id alone may not say which setting it is
+                raise ConfigError(f"train config: model {config.model!r}: {e}") from None
             resume = C.last_checkpoint(lake, rid)
             stored = stored_train_run(lake, config, rid, start_pid, resume)
             return rid, start_path, start_pid, base, new_row, resume, stored
