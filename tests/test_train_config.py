@@ -39,6 +39,7 @@ def test_defaults_are_valid():
     (dict(top_p=0.0), ["top_p must be in (0, 1]"]),
     (dict(split="dev"), ["split and eval_split must be one of train, val, test", "'dev'"]),
     (dict(template="xml"), ["unknown template 'xml'", "think_action"]),
+    (dict(difficulty=9), ["difficulty 9 is not a level of env doors; valid: 1, 2, 3, 4"]),
 ])
 def test_cross_field_errors_say_what_to_fix(kw, words):
     with pytest.raises(ConfigError) as e:

@@ -289,6 +289,9 @@ class TrainConfig:
             cls = env_class(self.env)
         except KeyError as e:
             raise ConfigError(f"train config: {e.args[0]}") from None
+        if self.difficulty is not None and cls.max_steps and self.difficulty not in cls.max_steps:
+            raise ConfigError(f"train config: difficulty {self.difficulty} is not a level of env {self.env}; valid: "
+                              f"{', '.join(map(str, sorted(cls.max_steps)))}")
         plays = self.algo != "sft" or self.eval_every > 0
         if cls.remote and plays and not self.env_url:
             raise ConfigError(f"train config: env {self.env} plays an AgentGym server: set env_url (or --env-url "

@@ -195,20 +195,25 @@ def _in_memory_policy(engines: E.Engines, policy_id: str, path: str):
                     device=str(E.device()))
 
 
-def _collect(r: _Run, engines: E.Engines, policy_id: str, path: str, *, run_id: str, split: str, tasks: int,
-             samples: int, temperature: float, seed: int, task_offset: int = 0, kind: str = "collect") -> str:
-    """Rank 0 plays episodes with the actor into the store; returns the collect run id."""
+def _collect_config(r: _Run, policy_id: str, *, run_id: str, split: str, tasks: int, samples: int,
+                    temperature: float, seed: int, task_offset: int = 0, kind: str = "collect"):
+    """The CollectConfig of a collect run of this train run (collect's own checks run on it)."""
     from trajlake.collect.config import CollectConfig
-    from trajlake.collect.rollout import EnvErrorsOnly, collect
 
     c = r.cfg
-    cc = CollectConfig(env=c.env, env_kwargs={"url": c.env_url} if c.env_url else {}, policy=f"policy:{policy_id}",
-                       split=split, tasks=tasks, task_offset=task_offset,
-                       samples=samples,
-                       difficulty=c.difficulty, max_turns=c.max_turns, run_id=run_id,
-                       concurrency=min(c.concurrency, tasks * samples), temperature=temperature, top_p=c.top_p,
-                       max_new_tokens=c.max_new_tokens, seed=seed, template=c.template,
-                       system_prompt=c.system_prompt, progress=False, run_kind=kind, parent_run_id=r.run_id)
+    return CollectConfig(env=c.env, env_kwargs={"url": c.env_url} if c.env_url else {}, policy=f"policy:{policy_id}",
+                         split=split, tasks=tasks, task_offset=task_offset, samples=samples,
+                         difficulty=c.difficulty, max_turns=c.max_turns, run_id=run_id,
+                         concurrency=min(c.concurrency, tasks * samples), temperature=temperature, top_p=c.top_p,
+                         max_new_tokens=c.max_new_tokens, seed=seed, template=c.template,
+                         system_prompt=c.system_prompt, progress=False, run_kind=kind, parent_run_id=r.run_id)
+
+
+def _collect(r: _Run, engines: E.Engines, policy_id: str, path: str, *, run_id: str, **settings: Any) -> str:
+    """Rank 0 plays episodes with the actor into the store; returns the collect run id."""
+    from trajlake.collect.rollout import EnvErrorsOnly, collect
+
+    cc = _collect_config(r, policy_id, run_id=run_id, **settings)
     policy = _in_memory_policy(engines, policy_id, path)
     engines.actor.eval()
     try:
@@ -242,6 +247,15 @@ def train(config: TrainConfig, lake: Lake | None) -> RunResult:
 
     r = _Run(config, lake, "train")
     c = config
+
+    def check_collect() -> None:  # collect's own checks of the rollouts' and evals' settings, before any write
+        _collect_config(r, r.policy_id, run_id=f"{r.run_id}/it-1", split=c.split, tasks=c.tasks, samples=c.samples,
+                        temperature=c.temperature, seed=c.seed)
+        if c.eval_every:
+            _collect_config(r, r.policy_id, run_id=f"{r.run_id}/eval-0", split=c.eval_split, tasks=c.eval_tasks,
+                            samples=1, temperature=0.0, seed=c.seed, kind="eval")
+
+    on_main(r.main, check_collect)
     spec = load_spec(c.reward_spec) if c.reward_spec else default_spec()
     if c.advantage_name in TURN_INPUTS and spec.allocation.strategy == "discounted":
         raise ConfigError(f"train config: advantage {c.advantage_name} discounts across turns itself (gamma); the "
