@@ -185,6 +185,23 @@ def test_a_bad_later_policy_is_refused_before_the_first_is_played(tmp_path, mode
         assert lake_state(lake) == before
 
 
+def test_a_stored_eval_run_played_otherwise_is_refused_before_anything_is_played(tmp_path, model):
+    """An eval run id is a hash of its settings, so only a run stored under that id by other means can differ;
+    collect's RUN_FIELDS check refuses it, for the second policy before the first is played."""
+    from trajlake.collect.config import CollectConfig
+    from trajlake.collect.rollout import collect
+
+    cfg = small(model)
+    rid = eval_run_id(cfg, f"hf:{model}")
+    with Lake.open(str(tmp_path / "lake")) as lake:
+        collect(CollectConfig(env="doors", policy="scripted:doors", tokenizer=str(model), tasks=1, difficulty=1,
+                              template="action", run_id=rid, run_kind="eval", progress=False), lake)
+        before = lake_state(lake)
+        with pytest.raises(TrajlakeError, match=f"^run {rid} already exists with .*policy 'scripted:doors'"):
+            evaluate(cfg, lake)
+        assert lake_state(lake) == before
+
+
 def test_a_missing_tokenizer_is_refused_before_anything_is_played(tmp_path, model):
     with Lake.open(str(tmp_path / "lake")) as lake:
         before = lake_state(lake)
