@@ -5,6 +5,11 @@ The store is the cache: an eval run's id is a hash of the policy and every setti
 policy the same way again reads the stored episodes (or finishes a run cut short, and retries the episodes
 that ended in an env error) instead of replaying. Episodes that ended in an env error are left out of every
 number and counted on their own; a policy whose every episode ended in one fails the evaluation.
+
+Run contract: no one names an eval run, so a run id always comes back with the settings it was made from (the
+fields left out of the hash, env_url and the reporting ones, change no episode); collect's RUN_FIELDS check
+holds it to them all the same. Every policy, the env, the template and the tokenizer are checked before the
+first episode is played, so an evaluation refused for its second policy stores nothing for its first.
 """
 
 from __future__ import annotations
@@ -15,6 +20,7 @@ from dataclasses import asdict, dataclass, field
 
 import polars as pl
 
+from trajlake.config_types import check_field_types
 from trajlake.evaluate.metrics import summarize
 from trajlake.store import Lake, TrajlakeError
 
@@ -56,7 +62,8 @@ class EvalConfig:
     spec: str | None = None
     """Reward spec TOML for the reward columns (None: the built-in default spec)."""
     ks: tuple[int, ...] = (1,)
-    """The k of pass@k; values above `samples` are skipped (samples itself is always added)."""
+    """The k of pass@k, each <= `samples` (pass@k of fewer samples is not defined); 1 and `samples` are always
+    reported too."""
     confidence: float = 0.95
     """Two-sided level of the confidence intervals."""
     seed: int = 0
@@ -67,6 +74,9 @@ class EvalConfig:
     """Show progress bars."""
 
     def __post_init__(self):
+        check_field_types(self, "evaluate")  # first: the checks below compare values
+        too_big = sorted(k for k in self.ks if k > self.samples)  # refused, not skipped: the user asked for them
+        big, listed = max(too_big, default=0), ", ".join(map(str, too_big))
         checks = [
             (len(self.policies) >= 1, "give at least one policy"),
             (self.tasks >= 1, f"tasks must be >= 1, got {self.tasks}"),
@@ -75,6 +85,9 @@ class EvalConfig:
              f"greedy decoding with samples = {self.samples} plays the same episode {self.samples} times; "
              "drop --greedy or use --samples 1"),
             (all(k >= 1 for k in self.ks), f"every k of pass@k must be >= 1, got {self.ks}"),
+            (not too_big, f"k = {listed} of pass@k {'exceeds' if len(too_big) == 1 else 'exceed'} samples = "
+                          f"{self.samples}: pass@{big} needs {big} samples per task; raise --samples to {big} or drop "
+                          f"--k {listed}"),
             (0 < self.confidence < 1, f"confidence must be in (0, 1), got {self.confidence}"),
             (len(set(self.policies)) == len(self.policies), f"a policy is given twice: {self.policies}"),
         ]
@@ -84,7 +97,7 @@ class EvalConfig:
 
     @property
     def pass_ks(self) -> list[int]:
-        return sorted({k for k in self.ks if k <= self.samples} | {1, self.samples})
+        return sorted(set(self.ks) | {1, self.samples})
 
 
 @dataclass
@@ -121,38 +134,50 @@ WHERE e.run_id IN (SELECT unnest(?::VARCHAR[]))
 """
 
 
-def _play(config: EvalConfig, lake: Lake, policy: str, run_id: str) -> None:
+def _collect_config(config: EvalConfig, policy: str, run_id: str):
+    """The collect run that plays `policy` for this evaluation (checks the env, template and tokenizer)."""
     from trajlake.collect.config import CollectConfig
+
+    return CollectConfig(env=config.env, env_kwargs={"url": config.env_url} if config.env_url else {}, policy=policy,
+                         split=config.split, tasks=config.tasks,
+                         samples=config.samples, difficulty=config.difficulty, max_turns=config.max_turns,
+                         run_id=run_id, concurrency=config.concurrency,
+                         temperature=0.0 if config.greedy else config.temperature, top_p=config.top_p,
+                         max_new_tokens=config.max_new_tokens, template=config.template,
+                         system_prompt=config.system_prompt, tokenizer=config.tokenizer, seed=config.seed,
+                         progress=config.progress, run_kind="eval")
+
+
+def _play(cc, lake: Lake) -> None:
     from trajlake.collect.rollout import EnvErrorsOnly, collect
 
-    cc = CollectConfig(env=config.env, env_kwargs={"url": config.env_url} if config.env_url else {}, policy=policy,
-                       split=config.split, tasks=config.tasks,
-                       samples=config.samples, difficulty=config.difficulty, max_turns=config.max_turns,
-                       run_id=run_id, concurrency=config.concurrency,
-                       temperature=0.0 if config.greedy else config.temperature, top_p=config.top_p,
-                       max_new_tokens=config.max_new_tokens, template=config.template,
-                       system_prompt=config.system_prompt, tokenizer=config.tokenizer, seed=config.seed,
-                       progress=config.progress, run_kind="eval")
     try:
         collect(cc, lake)
     except EnvErrorsOnly as e:  # the same evaluate again resumes this run (its id is a hash of the settings)
-        raise TrajlakeError(f"evaluate: eval run {run_id} of {policy} failed: {e.what}; run the same evaluate "
+        raise TrajlakeError(f"evaluate: eval run {cc.run_id} of {cc.policy} failed: {e.what}; run the same evaluate "
                             "again once the env works") from None
 
 
 def evaluate(config: EvalConfig, lake: Lake) -> EvalResult:
     """Play (or reuse) an eval run per policy, score it, and summarise it."""
     import trajlake.rewards  # noqa: F401 (registers the token_rewards view)
-    from trajlake.collect.policies import resolve_policy_spec
+    from trajlake.collect.policies import check_policy_spec, resolve_policy_spec
+    from trajlake.collect.rollout import stored_run
     from trajlake.rewards import default_spec, load_spec
     from trajlake.rewards.score import score
 
     spec = load_spec(config.spec) if config.spec else default_spec()
     runs: dict[str, str] = {}
-    for p in config.policies:
+    plays = []
+    for p in config.policies:  # every check before the first episode: a bad later policy must leave no trace
         resolved = resolve_policy_spec(lake, p)
         runs[p] = eval_run_id(config, resolved)
-        _play(config, lake, resolved, runs[p])
+        cc = _collect_config(config, resolved, runs[p])
+        check_policy_spec(resolved, env=cc.env, lake=lake, tokenizer_path=config.tokenizer)
+        stored_run(lake, cc)  # a stored run of this id played otherwise is refused (collect's RUN_FIELDS)
+        plays.append(cc)
+    for cc in plays:
+        _play(cc, lake)
     ids = list(runs.values())
     where = "run_id IN (" + ", ".join("'" + r.replace("'", "''") + "'" for r in ids) + ")"
     score(lake, spec, where=where, run_id=ids[0])

@@ -153,6 +153,89 @@ def test_evaluate_unknown_run_policy_is_an_error_and_stores_nothing(tmp_path, mo
         assert lake.current_snapshot() == before
 
 
+def lake_state(lake: Lake) -> tuple:
+    """Every snapshot and the row counts of the tables an evaluation writes: a refused one leaves them as they were."""
+    return lake.snapshots().to_dicts(), {t: lake.count(t) for t in ("runs", "episodes", "turns", "policies")}
+
+
+@pytest.mark.parametrize("bad, words", [
+    ("hf:/nonexistent", ["policy hf:/nonexistent: no model at /nonexistent"]),
+    ("vllm:/nonexistent", ["policy vllm:/nonexistent: no model at /nonexistent"]),
+    ("policy:nope", ["no policy 'nope' in the store"]),
+    ("scripted:maze", ["scripted:maze is the expert of env 'maze', but the env played is 'doors'"]),
+    ("scripted:doors?noise=2", ["noise must be a probability"]),
+    ("openai:http://127.0.0.1:9", ["openai:URL#MODEL"]),
+    ("gpt:4", ["unknown policy spec 'gpt:4'"]),
+])
+def test_a_bad_later_policy_is_refused_before_the_first_is_played(tmp_path, model, capsys, bad, words):
+    """Every policy is checked before any is played: a bad second one used to leave the first one's episodes."""
+    uri = str(tmp_path / "lake")
+    with Lake.open(uri) as lake:
+        evaluate(small(model, policies=("scripted:doors",), tasks=1), lake)  # something to leave untouched
+        before = lake_state(lake)
+        with pytest.raises(TrajlakeError) as e:
+            evaluate(small(model, policies=("scripted:doors", bad), seed=7), lake)
+        assert all(w in str(e.value) for w in words), str(e.value)
+        assert lake_state(lake) == before
+    assert main(["--lake", uri, "evaluate", "--policy", "scripted:doors", "--policy", bad, "--env", "doors",
+                 "--tasks", "2", "--difficulty", "1", "--tokenizer", str(model), "--template", "action"]) == 1
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("error: ") and all(w in err[0] for w in words), err
+    with Lake.open(uri) as lake:
+        assert lake_state(lake) == before
+
+
+def test_a_stored_eval_run_played_otherwise_is_refused_before_anything_is_played(tmp_path, model):
+    """An eval run id is a hash of its settings, so only a run stored under that id by other means can differ;
+    collect's RUN_FIELDS check refuses it, for the second policy before the first is played."""
+    from trajlake.collect.config import CollectConfig
+    from trajlake.collect.rollout import collect
+
+    cfg = small(model)
+    rid = eval_run_id(cfg, f"hf:{model}")
+    with Lake.open(str(tmp_path / "lake")) as lake:
+        collect(CollectConfig(env="doors", policy="scripted:doors", tokenizer=str(model), tasks=1, difficulty=1,
+                              template="action", run_id=rid, run_kind="eval", progress=False), lake)
+        before = lake_state(lake)
+        with pytest.raises(TrajlakeError, match=f"^run {rid} already exists with .*policy 'scripted:doors'"):
+            evaluate(cfg, lake)
+        assert lake_state(lake) == before
+
+
+def test_a_missing_tokenizer_is_refused_before_anything_is_played(tmp_path, model):
+    with Lake.open(str(tmp_path / "lake")) as lake:
+        before = lake_state(lake)
+        with pytest.raises(TrajlakeError, match="tokenizer path /nonexistent: no such folder"):
+            evaluate(small(model, policies=(f"hf:{model}", "scripted:doors"), tokenizer="/nonexistent"), lake)
+        assert lake_state(lake) == before
+
+
+def test_cli_k_above_samples_is_refused_naming_both(tmp_path, model, capsys):
+    """pass@5 of 2 samples is not defined: it used to be dropped without a word."""
+    uri = str(tmp_path / "lake")
+    with Lake.open(uri) as lake:
+        before = lake_state(lake)
+    args = ["--lake", uri, "evaluate", "--policy", "scripted:doors", "--env", "doors", "--tasks", "2",
+            "--difficulty", "1", "--tokenizer", str(model), "--template", "action", "--samples", "2"]
+    assert main([*args, "--k", "5"]) == 1
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == ["error: evaluate: k = 5 of pass@k exceeds samples = 2: pass@5 needs 5 samples per task; raise "
+                   "--samples to 5 or drop --k 5"]
+    assert main([*args, "--k", "2", "--k", "3", "--k", "4"]) == 1
+    assert capsys.readouterr().err.strip().endswith("raise --samples to 4 or drop --k 3, 4")
+    with Lake.open(uri) as lake:
+        assert lake_state(lake) == before
+
+
+def test_eval_config_field_types_are_checked(model):
+    with pytest.raises(TrajlakeError, match=r"^evaluate: tasks must be an integer, got '3' \(str\)$"):
+        small(model, tasks="3")
+    with pytest.raises(TrajlakeError, match=r"^evaluate: ks must be a list of integers, got \(1, 'two'\)"):
+        small(model, ks=(1, "two"))
+    assert small(model, policies=["scripted:doors"], temperature=1).policies == ("scripted:doors",)
+    assert isinstance(small(model, temperature=1).temperature, float)
+
+
 def test_cli_evaluate(tmp_path, model, capsys):
     uri = str(tmp_path / "lake")
     args = ["--lake", uri, "evaluate", "--policy", "scripted:doors", "--env", "doors", "--tasks", "3",

@@ -36,12 +36,42 @@ def test_defaults_are_valid():
     (dict(is_cap=2.0, old_logprobs="behaviour"), ["is_cap", "recompute"]),
     (dict(grad_accum=3, minibatch_size=16, micro_batch=4), ["grad_accum"]),
     (dict(temperature=0.0), ["temperature"]),
+    (dict(top_p=0.0), ["top_p must be in (0, 1]"]),
+    (dict(split="dev"), ["split and eval_split must be one of train, val, test", "'dev'"]),
+    (dict(template="xml"), ["unknown template 'xml'", "think_action"]),
+    (dict(difficulty=9), ["difficulty 9 is not a level of env doors; valid: 1, 2, 3, 4"]),
 ])
 def test_cross_field_errors_say_what_to_fix(kw, words):
     with pytest.raises(ConfigError) as e:
         TrainConfig(model="m", **kw)
     for w in words:
         assert w in str(e.value)
+
+
+@pytest.mark.parametrize("line, message", [
+    ('lr = "fast"', "train config: lr must be a number, got 'fast' (str)"),
+    ("tasks = true", "train config: tasks must be an integer, got True (bool)"),
+    ("tasks = 2.5", "train config: tasks must be an integer, got 2.5 (float)"),
+    ('difficulty = "1"', "train config: difficulty must be an integer (or left unset), got '1' (str)"),
+    ("system_prompt = 3", "train config: system_prompt must be a string (or left unset), got 3 (int)"),
+    ('progress = "no"', "train config: progress must be true or false, got 'no' (str)"),
+    ("kl_target = [1]", "train config: kl_target must be a number (or left unset), got [1] (list)"),
+])
+def test_toml_field_types_are_checked_naming_the_field(tmp_path, line, message):
+    """A wrong type is an error naming the field and the type it wants, before any check compares it (`lr =
+    "fast"` used to fail with "'>' not supported between instances of 'str' and 'int'")."""
+    p = tmp_path / "c.toml"
+    p.write_text(f'model = "m"\n{line}\n')
+    with pytest.raises(ConfigError) as e:
+        load_config(p)
+    assert str(e.value) == f"{p}: {message}"
+
+
+def test_an_integer_for_a_float_field_is_that_float(tmp_path):
+    p = tmp_path / "c.toml"
+    p.write_text('model = "m"\nlr = 1\nloss_norm_constant = 64\n')
+    c = load_config(p)
+    assert type(c.lr) is float and c.lr == 1.0 and type(c.loss_norm_constant) is float
 
 
 def test_grad_accum_must_match_processes():

@@ -107,3 +107,15 @@ def test_the_loop_under_the_deepspeed_launcher(tmp_path_factory, tmp_path):
         assert steps["step"].to_list() == [0, 1, 2] and steps["policy_id"][2] == "two/step-2"
         assert "eval_success" in json.loads(steps["metrics"][2])
         assert lk.query("SELECT count(*) FROM episodes WHERE run_id LIKE 'two/it-%'")[0, 0] == 8
+        before = (lk.snapshots().to_dicts(), lk.count("runs"), lk.count("train_steps"))
+    # a refused restart (other settings) is refused on rank 0, which alone reads the lake, and raised on every
+    # rank: the other one is not left waiting in a broadcast, and nothing is written
+    cfg.write_text(cfg.read_text() + "\nlr = 0.5\n")
+    p = subprocess.run([launcher, "--num_gpus", "2", "--module", "trajlake.train", "--config", str(cfg),
+                        "--lake", str(lake)], cwd=tmp_path, env=_env(), capture_output=True, text=True,
+                       timeout=300)
+    assert p.returncode != 0
+    refusal = "error: run two already exists with lr 1e-05; given 0.5 (use a new --run-id)"
+    assert (p.stdout + p.stderr).count(refusal) == 2, p.stdout[-3000:] + p.stderr[-3000:]  # one line per rank
+    with Lake.open(str(lake)) as lk:
+        assert (lk.snapshots().to_dicts(), lk.count("runs"), lk.count("train_steps")) == before

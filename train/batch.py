@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 import torch
 
 from trajlake.store import Lake, TrajlakeError
+from trajlake.store.errors import SnapshotError
 from trajlake.train.turn_structure import step_keys_from_observations, turn_index_from_lengths
 
 EPISODES_SQL = """
@@ -64,6 +65,33 @@ class EpisodeSeq:
 
     def __len__(self) -> int:
         return len(self.ids)
+
+
+COUNT_SQL = "SELECT count(*) AS n FROM episodes WHERE ({where}) AND status IS DISTINCT FROM 'error'"
+
+
+def check_episode_filter(lake: Lake, where: str, *, field: str, snapshot: int | None = None) -> int:
+    """How many episodes (never those that ended in an env error) the filter `where` of a config's `field`
+    matches at `snapshot`. Raises ConfigError naming `field`, reading nothing else, when `where` is not one SQL
+    expression over episodes columns: a syntax error, a column episodes lacks, or a `;` that would run a
+    statement of its own (the filter is pasted into queries, and DuckDB runs every statement it is given)."""
+    import duckdb
+
+    from trajlake.train.config import ConfigError
+
+    def refuse(reason: str) -> ConfigError:
+        return ConfigError(f"train config: {field} {where!r} is not a SQL filter over episodes columns: {reason}")
+
+    try:
+        duckdb.SQLExpression(where)  # parses one expression, or raises
+    except duckdb.Error as e:
+        raise refuse(str(e).strip().splitlines()[0]) from None
+    try:
+        return int(lake.query(COUNT_SQL.format(where=where), snapshot=snapshot)["n"][0])
+    except SnapshotError:
+        raise
+    except TrajlakeError as e:
+        raise refuse(str(e).removeprefix("query failed: ")) from None
 
 
 def load_episodes(lake: Lake, where: str, *, snapshot: int, spec_id: str | None = None) -> list[EpisodeSeq]:

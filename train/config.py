@@ -1,17 +1,23 @@
 """The train stage's configuration: one dataclass, every field documented, checked at construction.
 
 `load_config(path)` reads it from TOML (flat keys, the field names below; an unknown key is an error naming
-it). `TrainConfig(...)` raises `ConfigError` saying what to fix when fields disagree with each other.
+it). `TrainConfig(...)` raises `ConfigError` naming the field when a value has the wrong type (checked from the
+annotations) and saying what to fix when fields disagree with each other.
+
+A run's settings are stored once, in its `runs.config` row; restarting the same run id resumes it only with
+the same RUN_FIELDS (see `TrainConfig.differences` and RESUMABLE_FIELDS below).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import json
 import tomllib
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from trajlake.config_types import check_field_types
 from trajlake.store.errors import TrajlakeError
 from trajlake.train.algos import ADVANTAGES, AGG_MODES, KL_CONTROLLERS, KL_ESTIMATORS, POLICY_LOSSES, VALUE_LOSSES
 from trajlake.train.algos_turns import TURN_BASELINES
@@ -32,7 +38,15 @@ class ConfigError(TrajlakeError):
 
 @dataclass(frozen=True)
 class TrainConfig:
-    """What `trajlake train` trains, on what data, and how."""
+    """What `trajlake train` trains, on what data, and how.
+
+    A run id is one run: restarting it resumes from its last checkpoint, and only with the settings it was
+    started with (RUN_FIELDS: every field but RESUMABLE_FIELDS; `model` is compared as the policy it resolves
+    to). What may differ on a restart is how the run is carried out, not what it trains: `iterations` and
+    `sft_steps` (extend a run; never below the steps it has done), `env_url`, `concurrency`, `micro_batch`,
+    `grad_accum`, `checkpoint_dir`, `save_optimizer`, `checkpoint_every`, `log_every`, `eval_every` and
+    `progress`. The run's `runs.config` then records the values of the latest restart.
+    """
 
     # ---- what and from where -----------------------------------------------------------------------
     model: str
@@ -191,6 +205,10 @@ class TrainConfig:
     """Show a progress bar with the main metrics."""
 
     def __post_init__(self):
+        check_field_types(self, "train config", ConfigError)  # first: the checks below compare values
+        from trajlake.collect.envs.base import SPLITS
+        from trajlake.collect.templates import TEMPLATES
+
         adv = self.advantage or DEFAULT_ADVANTAGE.get(self.algo, "grpo")
         checks = [
             (self.algo in ALGOS, f"algo must be one of {', '.join(ALGOS)}, got {self.algo!r}"),
@@ -213,6 +231,11 @@ class TrainConfig:
             (self.tasks >= 1 and self.samples >= 1 and self.iterations >= 0 and self.max_turns >= 1,
              "tasks, samples and max_turns must be >= 1 and iterations >= 0"),
             (self.temperature > 0, f"temperature must be > 0 for training rollouts, got {self.temperature}"),
+            (0 < self.top_p <= 1, f"top_p must be in (0, 1], got {self.top_p}"),
+            (self.split in SPLITS and self.eval_split in SPLITS,
+             f"split and eval_split must be one of {', '.join(SPLITS)}, got {self.split!r} and {self.eval_split!r}"),
+            (self.template is None or self.template in TEMPLATES,
+             f"unknown template {self.template!r}; valid: {', '.join(TEMPLATES)}"),
             (self.max_new_tokens >= 1, f"max_new_tokens must be >= 1, got {self.max_new_tokens}"),
             (self.lr > 0 and self.critic_lr > 0, "lr and critic_lr must be > 0"),
             (self.epochs >= 1, f"epochs must be >= 1, got {self.epochs}"),
@@ -266,6 +289,9 @@ class TrainConfig:
             cls = env_class(self.env)
         except KeyError as e:
             raise ConfigError(f"train config: {e.args[0]}") from None
+        if self.difficulty is not None and cls.max_steps and self.difficulty not in cls.max_steps:
+            raise ConfigError(f"train config: difficulty {self.difficulty} is not a level of env {self.env}; valid: "
+                              f"{', '.join(map(str, sorted(cls.max_steps)))}")
         plays = self.algo != "sft" or self.eval_every > 0
         if cls.remote and plays and not self.env_url:
             raise ConfigError(f"train config: env {self.env} plays an AgentGym server: set env_url (or --env-url "
@@ -302,8 +328,46 @@ class TrainConfig:
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
 
+    def differences(self, stored: dict[str, Any], *, start_policy: str | None = None) -> list[tuple[str, Any, Any]]:
+        """(field, stored value, given value) for each of RUN_FIELDS where this config differs from the `stored`
+        config of the run it would resume (`runs.config`). `model` is compared as the policy it resolves to
+        (`start_policy`, stored beside the config), so `run:ID`, `policy:ID` and the folder of one checkpoint
+        are the same start, and `run:ID` is not once that run has trained on. A field the stored config lacks
+        (a lake from before it existed) is not compared."""
+        given = json.loads(json.dumps(self.to_dict()))  # the values as they read back from the store
+        out = []
+        for name in RUN_FIELDS:
+            if name not in stored:
+                continue
+            old, new = stored[name], given[name]
+            if name == "model" and start_policy and stored.get("start_policy"):
+                if stored["start_policy"] == start_policy:
+                    continue
+                old, new = f"{old} (policy {stored['start_policy']})", f"{new} (policy {start_policy})"
+            elif name == "advantage":  # None is the algo's default: compare the estimators actually used
+                old = old or DEFAULT_ADVANTAGE.get(stored.get("algo", self.algo), old)
+                new = self.advantage_name
+            if old != new:
+                out.append((name, old, new))
+        return out
+
 
 FIELDS = {f.name for f in dataclasses.fields(TrainConfig)}
+# How a run is carried out, not what it trains: these may differ when a run id is restarted. iterations and
+# sft_steps extend (or end sooner) the same run; env_url says where the env server is now, not which env it
+# serves; concurrency is how many episodes play at once; micro_batch and grad_accum split a mini-batch over
+# forward passes and processes (the losses are aggregated over the whole mini-batch, so the update is the same);
+# checkpoint_dir, save_optimizer and checkpoint_every say where and how often checkpoints are written (a restart
+# finds the last one through the store); log_every, eval_every and progress are what the run reports; run_id is
+# the key itself.
+RESUMABLE_FIELDS = ("run_id", "iterations", "sft_steps", "env_url", "concurrency", "micro_batch", "grad_accum",
+                    "checkpoint_dir", "save_optimizer", "checkpoint_every", "log_every", "eval_every", "progress")
+# What makes a train run the run it is: every other field (the starting model, the data and rollouts, the
+# reward spec, the algorithm and its hyper-parameters, seed, precision, ZeRO stage, the held-out evals). A
+# restart with any of them changed would continue one run's weights, optimizer state and train_steps under
+# other settings while its runs.config described the first ones, so it is refused; a new field is one of these
+# unless it is added to RESUMABLE_FIELDS.
+RUN_FIELDS = tuple(f.name for f in dataclasses.fields(TrainConfig) if f.name not in RESUMABLE_FIELDS)
 
 
 def config_from_dict(data: dict[str, Any], source: str = "<dict>") -> TrainConfig:
@@ -334,4 +398,5 @@ def load_config(path: str | Path, **overrides: Any) -> TrainConfig:
     return config_from_dict(data, str(path))
 
 
-__all__ = ["TrainConfig", "ConfigError", "load_config", "config_from_dict", "ALGOS"]
+__all__ = ["TrainConfig", "ConfigError", "load_config", "config_from_dict", "ALGOS", "RUN_FIELDS",
+           "RESUMABLE_FIELDS"]

@@ -22,14 +22,15 @@ from typing import Any
 
 import torch
 
+from trajlake.collect.config import describe_differences
 from trajlake.schemas import Run
 from trajlake.store import Lake, TrajlakeError
 from trajlake.train import checkpoint as C
 from trajlake.train import engine as E
 from trajlake.train.algos import make_kl_controller
 from trajlake.train.algos_turns import TURN_INPUTS
-from trajlake.train.batch import collate, load_episodes
-from trajlake.train.config import TrainConfig
+from trajlake.train.batch import check_episode_filter, collate, load_episodes
+from trajlake.train.config import ConfigError, TrainConfig
 from trajlake.train.progress import NO_SIGNAL_WARN, TrainProgress, no_signal_cause
 from trajlake.train.steps import prepare, rl_update, sft_update
 
@@ -53,7 +54,11 @@ def _now() -> datetime:
 
 
 class _Run:
-    """What train and sft share: process group, run id, resume point, engines, run row."""
+    """What train and sft share: process group, run id, resume point, engines, run row.
+
+    Constructing it only reads: it resolves the starting model, finds where a restarted run left off and
+    refuses a restart with other settings. `start()` makes the run's first write, once everything that can be
+    checked without training was checked, so a command refused before it leaves the lake as it was."""
 
     def __init__(self, config: TrainConfig, lake: Lake | None, kind: str):
         self.cfg = config
@@ -63,23 +68,47 @@ class _Run:
             raise TrajlakeError("rank 0 needs the lake")
         self.lake = lake if self.main else None
         rid = config.run_id or f"{kind}-{_now():%Y%m%d-%H%M%S}-{uuid.uuid4().hex[:6]}"
-        info = None
-        if self.main:
-            start_path, start_pid, base, new_row = C.resolve_model(lake, config.model)
-            info = (rid, start_path, start_pid, base, new_row, C.last_checkpoint(lake, rid))
-        (self.run_id, self.start_path, self.start_pid, self.base, new_row, self.resume) = E.broadcast(info)
+
+        def resolve():
+            try:
+                start_path, start_pid, base, new_row = C.resolve_model(lake, config.model)
+            except ConfigError:
+                raise
+            except TrajlakeError as e:  # name the field: the path or id alone may not say which setting it is
+                raise ConfigError(f"train config: model {config.model!r}: {e}") from None
+            resume = C.last_checkpoint(lake, rid)
+            stored = stored_train_run(lake, config, rid, start_pid, resume)
+            return rid, start_path, start_pid, base, new_row, resume, stored
+
+        (self.run_id, self.start_path, self.start_pid, self.base, self.new_row, self.resume,
+         self.stored) = on_main(self.main, resolve)
         self.step = self.resume.step if self.resume else 0
         self.policy_id = self.resume.policy_id if self.resume else self.start_pid
         self.model_path = self.resume.checkpoint_uri if self.resume else self.start_path
-        if self.main:
-            rows: dict[str, list] = {"runs": [Run(self.run_id, "train", config=config.to_dict(), status="running",
-                                                  started_at=_now())]}
-            if new_row:
-                rows["policies"] = [C.PolicyRow(self.start_pid, run_id=self.run_id, base_model=self.base,
-                                                checkpoint_uri=self.start_path, created_at=_now())]
-            lake.append(rows, stage="train", run_id=self.run_id, message=f"train: start run {self.run_id}")
-            if lake.query("SELECT status FROM runs WHERE run_id = ?", [self.run_id])["status"][0] != "running":
-                lake.update("runs", {"run_id": self.run_id}, {"status": "running"}, stage="train", run_id=self.run_id)
+
+    def start(self) -> None:
+        """Rank 0 records the run (a restart: marks it running again, with this restart's RESUMABLE_FIELDS in
+        its config) and its starting model's policy row."""
+        if not self.main:
+            return
+        config = {**self.cfg.to_dict(), "start_policy": self.start_pid}  # what `model` resolved to
+        rows: dict[str, list] = {}
+        if self.stored is None:
+            rows["runs"] = [Run(self.run_id, "train", config=config, status="running", started_at=_now())]
+        if self.new_row:  # already stored for a restart: the append then skips it and writes nothing
+            rows["policies"] = [C.PolicyRow(self.start_pid, run_id=self.run_id, base_model=self.base,
+                                            checkpoint_uri=self.start_path, created_at=_now())]
+        if rows:
+            self.lake.append(rows, stage="train", run_id=self.run_id, message=f"train: start run {self.run_id}")
+        if self.stored is not None:
+            changes: dict[str, Any] = {}
+            if self.stored["status"] != "running":
+                changes.update(status="running", finished_at=None)
+            if json.loads(json.dumps(config)) != self.stored["config"]:
+                changes["config"] = config
+            if changes:
+                self.lake.update("runs", {"run_id": self.run_id}, changes, stage="train", run_id=self.run_id,
+                                 message=f"train: resume run {self.run_id}")
 
     def build(self, critic: bool = False, ref: bool = False) -> E.Engines:
         engines = E.build_engines(self.cfg, self.model_path, critic=critic, ref=ref, ref_path=self.start_path,
@@ -116,6 +145,45 @@ class _Run:
                              stage="train", run_id=self.run_id)
 
 
+def on_main(main: bool, fn: Any) -> Any:
+    """`fn()` run on rank 0 and its result on every rank; a TrajlakeError it raises is raised on every rank
+    (not only on rank 0, which would leave the others waiting in the broadcast)."""
+    out: Any = None
+    if main:
+        try:
+            out = fn()
+        except TrajlakeError as e:
+            out = e
+    out = E.broadcast(out)
+    if isinstance(out, TrajlakeError):
+        raise out
+    return out
+
+
+def stored_train_run(lake: Lake, config: TrainConfig, run_id: str, start_policy: str,
+                     resume: C.Resume | None) -> dict[str, Any] | None:
+    """The stored run row (status, config) that `config` restarts, or None for a new run. Raises, writing
+    nothing, when `run_id` is not a train run, was started with other RUN_FIELDS, or has done more steps than
+    `config` asks for."""
+    rows = lake.query("SELECT kind, status, config FROM runs WHERE run_id = ?", [run_id])
+    if rows.height == 0:
+        return None
+    row = rows.row(0, named=True)
+    if row["kind"] != "train":
+        raise ConfigError(f"run {run_id} already exists as a {row['kind']} run, not a train run (use a new --run-id)")
+    stored = row["config"]
+    row["config"] = stored = json.loads(stored) if isinstance(stored, str) else dict(stored or {})
+    diffs = config.differences(stored, start_policy=start_policy)
+    if diffs:
+        raise ConfigError(describe_differences(run_id, diffs))
+    done = resume.step if resume else 0
+    field = "sft_steps" if config.algo == "sft" else "iterations"
+    if getattr(config, field) < done:
+        raise ConfigError(f"train config: {field} {getattr(config, field)} is fewer than the {done} run {run_id} "
+                          f"has done already: give {field} >= {done} to resume it (or use a new --run-id)")
+    return row
+
+
 def _in_memory_policy(engines: E.Engines, policy_id: str, path: str):
     """The actor as a collect policy without a round trip through disk (ZeRO 0-2: rank 0 holds every weight);
     None under ZeRO-3 (collect then loads the checkpoint)."""
@@ -127,20 +195,25 @@ def _in_memory_policy(engines: E.Engines, policy_id: str, path: str):
                     device=str(E.device()))
 
 
-def _collect(r: _Run, engines: E.Engines, policy_id: str, path: str, *, run_id: str, split: str, tasks: int,
-             samples: int, temperature: float, seed: int, task_offset: int = 0, kind: str = "collect") -> str:
-    """Rank 0 plays episodes with the actor into the store; returns the collect run id."""
+def _collect_config(r: _Run, policy_id: str, *, run_id: str, split: str, tasks: int, samples: int,
+                    temperature: float, seed: int, task_offset: int = 0, kind: str = "collect"):
+    """The CollectConfig of a collect run of this train run (collect's own checks run on it)."""
     from trajlake.collect.config import CollectConfig
-    from trajlake.collect.rollout import EnvErrorsOnly, collect
 
     c = r.cfg
-    cc = CollectConfig(env=c.env, env_kwargs={"url": c.env_url} if c.env_url else {}, policy=f"policy:{policy_id}",
-                       split=split, tasks=tasks, task_offset=task_offset,
-                       samples=samples,
-                       difficulty=c.difficulty, max_turns=c.max_turns, run_id=run_id,
-                       concurrency=min(c.concurrency, tasks * samples), temperature=temperature, top_p=c.top_p,
-                       max_new_tokens=c.max_new_tokens, seed=seed, template=c.template,
-                       system_prompt=c.system_prompt, progress=False, run_kind=kind, parent_run_id=r.run_id)
+    return CollectConfig(env=c.env, env_kwargs={"url": c.env_url} if c.env_url else {}, policy=f"policy:{policy_id}",
+                         split=split, tasks=tasks, task_offset=task_offset, samples=samples,
+                         difficulty=c.difficulty, max_turns=c.max_turns, run_id=run_id,
+                         concurrency=min(c.concurrency, tasks * samples), temperature=temperature, top_p=c.top_p,
+                         max_new_tokens=c.max_new_tokens, seed=seed, template=c.template,
+                         system_prompt=c.system_prompt, progress=False, run_kind=kind, parent_run_id=r.run_id)
+
+
+def _collect(r: _Run, engines: E.Engines, policy_id: str, path: str, *, run_id: str, **settings: Any) -> str:
+    """Rank 0 plays episodes with the actor into the store; returns the collect run id."""
+    from trajlake.collect.rollout import EnvErrorsOnly, collect
+
+    cc = _collect_config(r, policy_id, run_id=run_id, **settings)
     policy = _in_memory_policy(engines, policy_id, path)
     engines.actor.eval()
     try:
@@ -174,14 +247,25 @@ def train(config: TrainConfig, lake: Lake | None) -> RunResult:
 
     r = _Run(config, lake, "train")
     c = config
+
+    def check_collect() -> None:  # collect's own checks of the rollouts' and evals' settings, before any write
+        _collect_config(r, r.policy_id, run_id=f"{r.run_id}/it-1", split=c.split, tasks=c.tasks, samples=c.samples,
+                        temperature=c.temperature, seed=c.seed)
+        if c.eval_every:
+            _collect_config(r, r.policy_id, run_id=f"{r.run_id}/eval-0", split=c.eval_split, tasks=c.eval_tasks,
+                            samples=1, temperature=0.0, seed=c.seed, kind="eval")
+
+    on_main(r.main, check_collect)
     spec = load_spec(c.reward_spec) if c.reward_spec else default_spec()
     if c.advantage_name in TURN_INPUTS and spec.allocation.strategy == "discounted":
-        raise TrajlakeError(f"advantage {c.advantage_name} discounts across turns itself (gamma); the spec "
-                            f"{spec.name} discounts them in its allocation too: use allocation last_token or per_turn")
+        raise ConfigError(f"train config: advantage {c.advantage_name} discounts across turns itself (gamma); the "
+                          f"reward_spec {spec.name} discounts them in its allocation too: use allocation last_token "
+                          "or per_turn")
     engines = r.build(critic=c.algo == "ppo", ref=c.kl_coef > 0)
     kl_ctl = make_kl_controller(c.kl_controller, c.kl_coef, c.kl_target, c.kl_horizon)
     if "kl_controller" in r.state:
         kl_ctl.load_state_dict(r.state["kl_controller"])
+    r.start()  # the first write: everything above only read, so a refused run left no trace
     result = RunResult(r.run_id, r.policy_id, r.step)
     no_signal = 0  # iterations in a row whose update had no learning signal
     try:
@@ -247,13 +331,19 @@ def sft(config: TrainConfig, lake: Lake | None) -> RunResult:
     ones): cross-entropy on their response tokens, `sft_steps` optimizer steps of `minibatch_size`."""
     r = _Run(config, lake, "sft")
     c = config
-    payload = None
-    if r.main:
+
+    def read() -> tuple[int, list]:
         snap = c.sft_snapshot or (r.resume.snapshot_read if r.resume else None) or r.lake.current_snapshot()
-        payload = (snap, load_episodes(r.lake, c.sft_filter, snapshot=snap))
-    snap, seqs = E.broadcast(payload)
+        if c.sft_snapshot is not None and c.sft_snapshot not in r.lake.snapshots()["snapshot_id"].to_list():
+            raise ConfigError(f"train config: sft_snapshot {c.sft_snapshot} is not a snapshot of the lake "
+                              "(trajlake snapshots lists them)")
+        check_episode_filter(r.lake, c.sft_filter, field="sft_filter", snapshot=snap)  # a bad filter names it
+        return snap, load_episodes(r.lake, c.sft_filter, snapshot=snap)
+
+    snap, seqs = on_main(r.main, read)
     if not seqs:
-        raise TrajlakeError(f"sft: no episodes match sft_filter ({c.sft_filter}) at snapshot {snap}")
+        raise ConfigError(f"train config: no episodes match sft_filter ({c.sft_filter}) at snapshot {snap} (episodes "
+                          "that ended in an env error or hold no agent tokens never do)")
     engines = r.build()
     batch = collate(seqs, engines.pad_id)
     n, mb = batch.size, min(c.minibatch_size, batch.size)
@@ -265,6 +355,7 @@ def sft(config: TrainConfig, lake: Lake | None) -> RunResult:
     def rows_of(step: int) -> list[int]:  # a fixed stream of shuffled epochs, so a resumed run picks up exactly
         return [perm(k // n)[k % n] for k in range(step * mb, (step + 1) * mb)]
 
+    r.start()  # the first write: everything above only read, so a refused run left no trace
     result = RunResult(r.run_id, r.policy_id, r.step)
     t0 = time.perf_counter()
     try:

