@@ -12,6 +12,7 @@ import math
 from dataclasses import dataclass
 from datetime import datetime, timezone
 
+import duckdb
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -99,9 +100,22 @@ def check_finite(result: pa.Table, spec: RewardSpec) -> None:
                            f"{comps.get(name, total[row].as_py())} (not finite)")
 
 
+def check_where(where: str | None) -> None:
+    """Refuse a `where` that is not one SQL expression: it is pasted into queries, and a `)` or `;` in it could
+    end the expression and run SQL of its own."""
+    if where is None:
+        return
+    try:
+        duckdb.SQLExpression(where)
+    except duckdb.Error as e:
+        raise TrajlakeError(f"where {where!r} is not one SQL expression over episodes columns: "
+                            f"{str(e).strip().splitlines()[0]}") from None
+
+
 def score(lake: Lake, spec: RewardSpec, *, snapshot: int | None = None, where: str | None = None,
           run_id: str | None = None) -> ScoreResult:
     """Score the episodes matching `where` at `snapshot` (default: latest) and store the results."""
+    check_where(where)
     snap = lake.current_snapshot() if snapshot is None else snapshot
     tables = _python_tables(lake, spec, where, snap)
     result = lake.query(compile_query(spec, where=where, components="columns"), snapshot=snap, output="arrow",

@@ -93,6 +93,10 @@ CASES = [
     (["--lake", "{lake}", "rewards", "--spec", "{tmp}/none.toml"], 1, "none.toml"),
     (["--lake", "{lake}", "rewards", "--spec", "{bad_toml}"], 1, "bad.toml"),
     (["--lake", "{lake}", "rewards", "--where", "nosuchcol > 1"], 1, "nosuchcol"),
+    (["--lake", "{lake}", "rewards", "--where", "true); DELETE FROM episodes; SELECT (1"], 1,
+     "is not one SQL expression over episodes columns"),
+    (["--lake", "{lake}", "rewards", "diff", "{spec}", "{spec}", "--where", "success AND"], 1,
+     "is not one SQL expression over episodes columns"),
     (["--lake", "{lake}", "rewards", "diff", "{spec}", "{tmp}/none.toml"], 1, "none.toml"),
     # train
     (["--lake", "{lake}", "train", "--config", "{tmp}/none.toml"], 1, "none.toml"),
