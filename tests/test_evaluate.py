@@ -285,7 +285,8 @@ def test_evaluate_leaves_env_errors_out_retries_them_and_fails_when_all_error(tm
     args = ["--lake", str(tmp_path / "cli"), "evaluate", "--policy", "scripted", "--env", "test-flaky", "--tasks", "2",
             "--difficulty", "1", "--tokenizer", str(model)]
     assert main(args) == 1
-    err = capsys.readouterr().err.strip().splitlines()
+    # stderr: the progress bar's last state, then the one error line
+    err = [line for line in capsys.readouterr().err.strip().splitlines() if not line.startswith("collect eval-")]
     assert len(err) == 1 and "failed: all 2 episodes ended with an env error" in err[0], err
     assert err[0].startswith("error: evaluate: eval run eval-test-flaky-test-")
     assert err[0].endswith("; run the same evaluate again once the env works")
