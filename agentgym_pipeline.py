@@ -72,6 +72,12 @@ class PipelineConfig:
     """Held-out tasks (test split) each policy is evaluated on, greedily."""
     prefix: str = "agentgym"
     """Run id prefix (another prefix starts the pipeline afresh in the same lake)."""
+    checkpoints: Path = Path("checkpoints")
+    """Where the train runs write their checkpoints."""
+    seed: int = 0
+    """Seeds the SFT and GRPO runs and the evaluation sampler."""
+    progress: bool = True
+    """Progress bars (stderr) and per-iteration lines."""
 
     @property
     def rollout(self) -> dict:
@@ -137,7 +143,8 @@ FROM train_steps WHERE run_id = ? AND step > 0 ORDER BY step
 
 
 def run(cfg: PipelineConfig) -> None:
-    # the demo's stages take any config with `rollout`, `eval_tasks` and `micro_batch`: the same code runs both
+    # the demo's stages take any config with `rollout`, `eval_tasks`, `micro_batch`, `checkpoints`, `seed` and
+    # `progress`: the same code runs both
     from trajlake.demo import build_model, evaluate_policies, results_table, train_stage
 
     t0 = time.perf_counter()
