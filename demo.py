@@ -51,6 +51,8 @@ class DemoConfig:
     """Folder of AgentGym parquet files to import (None or absent: skipped)."""
     checkpoints: Path = Path("checkpoints")
     """Where the train runs write their checkpoints."""
+    env: str = "doors"
+    """The env played (bench/learning.py tries others: an env whose expert has no guess needs expert_noise 0)."""
     difficulty: int = 3
     """doors difficulty: 3 is two rooms with the key on a sign in each (read, open, read, open)."""
     max_turns: int = 6
@@ -95,18 +97,25 @@ class DemoConfig:
     @property
     def rollout(self) -> dict:
         """The rollout settings every stage shares (the policy must be evaluated the way it was trained)."""
-        return dict(env="doors", difficulty=self.difficulty, max_turns=self.max_turns, template="plain",
+        return dict(env=self.env, difficulty=self.difficulty, max_turns=self.max_turns, template="plain",
                     max_new_tokens=8)
 
     @property
     def expert(self) -> str:
-        return "scripted:doors" + (f"?noise={self.expert_noise:g}" if self.expert_noise else "")
+        return f"scripted:{self.env}" + (f"?noise={self.expert_noise:g}" if self.expert_noise else "")
 
     def __post_init__(self):
         if self.model not in PRESETS:
             raise TrajlakeError(f"demo: unknown model {self.model!r}; valid: {', '.join(PRESETS)}")
-        if self.difficulty not in (1, 2, 3, 4):
-            raise TrajlakeError(f"demo: difficulty must be one of 1, 2, 3, 4, got {self.difficulty}")
+        from trajlake.collect.envs import make_env
+
+        try:
+            levels = make_env(self.env).difficulties
+        except KeyError as e:  # an unknown env: its message lists the valid ones
+            raise TrajlakeError(f"demo: {e.args[0]}") from None
+        if self.difficulty not in levels:
+            raise TrajlakeError(f"demo: difficulty of {self.env} must be one of {', '.join(map(str, levels))}, "
+                                f"got {self.difficulty}")
         if not 0.0 <= self.expert_noise <= 1.0:
             raise TrajlakeError(f"demo: expert_noise must be between 0 and 1, got {self.expert_noise}")
         for name in ("max_turns", "demos", "sft_steps", "sft_every", "iterations", "tasks", "samples",
@@ -276,7 +285,7 @@ def run(cfg: DemoConfig) -> None:
         console.rule("7. held-out evaluation: start, SFT plateau, GRPO")
         summary = evaluate_policies(cfg, lake, list(result.policies.values()), model)
         console.rule("8. results (read back from the store)")
-        console.print(f"held-out greedy success on doors (test split, difficulty {cfg.difficulty}, "
+        console.print(f"held-out greedy success on {cfg.env} (test split, difficulty {cfg.difficulty}, "
                       f"{cfg.eval_tasks} tasks), 95% Wilson intervals; demonstrations: {cfg.expert}, "
                       f"success {result.expert_success:.2f}")
         emit(results_table(summary, result.policies), Format.table, None)

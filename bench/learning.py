@@ -59,7 +59,7 @@ def run(cfg: DemoConfig, seeds: int, model: Path | None = None, out: Path | None
     table = pl.DataFrame(rows)
     emit(table, Format.table, None)
     console.print(f"mean gain of RL over the SFT plateau: {table['gain'].mean():+.2f} over {seeds} seeds "
-                  f"(doors d{cfg.difficulty}, demonstrations {cfg.expert}, {cfg.eval_tasks} test tasks, greedy)")
+                  f"({cfg.env} d{cfg.difficulty}, demonstrations {cfg.expert}, {cfg.eval_tasks} test tasks, greedy)")
     return table
 
 
@@ -71,6 +71,7 @@ def main(argv: list[str] | None = None) -> int:
             p.add_argument(f"--{name.replace('_', '-')}", type=int, default=getattr(defaults, name))
     for name in ("expert_noise", "sft_lr", "lr", "temperature"):
         p.add_argument(f"--{name.replace('_', '-')}", type=float, default=getattr(defaults, name))
+    p.add_argument("--env", default=defaults.env, help="env played (default doors)")
     p.add_argument("--advantage", default=defaults.advantage, help="advantage estimator (default grpo)")
     for name in TRAIN_FLOATS:
         p.add_argument(f"--{name.replace('_', '-')}", type=float, default=None, help=f"GRPO {name}")

@@ -55,6 +55,11 @@ def test_demo_config_errors():
         DemoConfig(sft_steps=100, sft_every=200)
     with pytest.raises(TrajlakeError, match="expert_noise must be between 0 and 1, got 1.5"):
         DemoConfig(expert_noise=1.5)
+    with pytest.raises(TrajlakeError, match="difficulty of doors must be one of 1, 2, 3, 4, got 9"):
+        DemoConfig(difficulty=9)
+    with pytest.raises(TrajlakeError, match="demo: unknown env 'nosuch'; valid envs: .*doors"):
+        DemoConfig(env="nosuch")
+    assert DemoConfig(env="maze", difficulty=1, expert_noise=0).expert == "scripted:maze"
 
 
 def test_demo_reports_errors_in_one_line(tmp_path, capsys):
