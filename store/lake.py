@@ -40,7 +40,14 @@ def register_view(name: str, select_sql: str) -> None:
     _VIEWS[name] = select_sql
 #: Transient errors of concurrent writers that a retry resolves.
 _RETRYABLE = ("conflict", "database is locked", "could not serialize", "deadlock", "busy")
+#: ... and of concurrent first opens, which create the same schema and tables
+_RACES = (*_RETRYABLE, "already exists", "duplicate key value")
 MAX_RETRIES = 30
+#: A one-row table every append of a multi-process catalog updates in its transaction. DuckLake lets two
+#: transactions insert into one table without conflict, so two writers' `WHERE NOT EXISTS` key checks could
+#: both pass and store a key twice; two transactions that both update this row conflict at commit instead, and
+#: the loser retries, now seeing the winner's rows. Appends to one lake are serialised at commit.
+WRITE_TOKEN = "write_token"
 
 
 @dataclass(frozen=True)
@@ -82,13 +89,28 @@ class Lake:
         try:
             if catalog.remote:
                 objectstore.configure(con, catalog.data_path)
-            catalog = _attach(con, catalog, read_only=read_only)
+            for attempt in range(MAX_RETRIES):  # a new PostgreSQL schema made by several processes at once
+                try:
+                    catalog = _attach(con, catalog, read_only=read_only)
+                    break
+                except CatalogError as e:
+                    if attempt + 1 == MAX_RETRIES or not any(s in str(e).lower() for s in _RACES):
+                        raise
+                    time.sleep(0.05 * (1 + random.random()))
         except BaseException:
             con.close()
             raise
         lake = cls(con, catalog, read_only)
         if not read_only:
-            lake._ensure_tables()
+            for attempt in range(MAX_RETRIES):  # another process may be creating the same tables right now
+                try:
+                    lake._ensure_tables()
+                    break
+                except TrajlakeError as e:
+                    if attempt + 1 == MAX_RETRIES or not any(s in str(e).lower() for s in _RACES):
+                        con.close()
+                        raise
+                    time.sleep(0.05 * (1 + random.random()))
         return lake
 
     def _ensure_tables(self) -> None:
@@ -102,6 +124,8 @@ class Lake:
         }
         tables = {t for t, _ in existing}
         statements = []
+        if self.catalog.multi_process and WRITE_TOKEN not in tables:
+            statements += [f"CREATE TABLE {ALIAS}.{WRITE_TOKEN} (n BIGINT)", f"INSERT INTO {ALIAS}.{WRITE_TOKEN} VALUES (0)"]
         for tdef in TABLES.values():
             if tdef.name not in tables:
                 statements.append(tdef.ddl(ALIAS))
@@ -164,6 +188,8 @@ class Lake:
 
         def write(cur: duckdb.DuckDBPyConnection) -> bool:
             inserted.clear()
+            if self.catalog.multi_process:
+                cur.execute(f"UPDATE {ALIAS}.{WRITE_TOKEN} SET n = n + 1")
             for name, table in staged.items():
                 view = f"_incoming_{name}"
                 cur.register(view, table)
