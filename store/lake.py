@@ -125,7 +125,8 @@ class Lake:
         tables = {t for t, _ in existing}
         statements = []
         if self.catalog.multi_process and WRITE_TOKEN not in tables:
-            statements += [f"CREATE TABLE {ALIAS}.{WRITE_TOKEN} (n BIGINT)", f"INSERT INTO {ALIAS}.{WRITE_TOKEN} VALUES (0)"]
+            statements += [f"CREATE TABLE {ALIAS}.{WRITE_TOKEN} (n BIGINT)",
+                           f"INSERT INTO {ALIAS}.{WRITE_TOKEN} VALUES (0)"]
         for tdef in TABLES.values():
             if tdef.name not in tables:
                 statements.append(tdef.ddl(ALIAS))
