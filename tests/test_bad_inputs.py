@@ -1,8 +1,11 @@
 """Every command against its bad inputs, table-driven: each case exits with the code it should (1 for a bad
 value, 2 for a usage error), prints one line on stderr and no traceback, and leaves the lake as it was (the
-same snapshots and row counts of every table)."""
+same snapshots and row counts of every table), on every catalog backend (SQLite and PostgreSQL in the slow
+suite)."""
 
 from __future__ import annotations
+
+import uuid
 
 import pytest
 
@@ -120,10 +123,30 @@ CASES = [
 ]
 
 
-@pytest.fixture(scope="module")
-def setting(tmp_path_factory, tiny):
+#: the DuckDB-file lake in the fast suite; the multi-process catalogs in the slow one (CI runs both)
+LAKE_BACKENDS = ["duckdb", pytest.param("sqlite", marks=pytest.mark.slow),
+                 pytest.param("postgres", marks=pytest.mark.slow)]
+
+
+def _lake_uri(backend: str, tmp) -> tuple[str, str | None]:
+    """The lake's URI on `backend`, and the PostgreSQL schema to drop afterwards."""
+    if backend == "duckdb":
+        return str(tmp / "lake"), None
+    if backend == "sqlite":
+        return f"sqlite:{tmp / 'catalog.sqlite'}", None
+    from tests.conftest import _pg_available, pg_conninfo
+
+    why = _pg_available()
+    if why:
+        pytest.skip(why)
+    schema = "trajlake_bad_" + uuid.uuid4().hex[:10]
+    return f"postgres:{pg_conninfo()} metadata_schema={schema} data_path={tmp / 'pgdata'}", schema
+
+
+@pytest.fixture(scope="module", params=LAKE_BACKENDS)
+def setting(request, tmp_path_factory, tiny):
     tmp = tmp_path_factory.mktemp("bad")
-    lake = str(tmp / "lake")
+    lake, schema = _lake_uri(request.param, tmp)
     with Lake.open(lake) as lk:
         lk.append({"episodes": [Episode("e1", run_id="r1", env="doors", success=True)]}, stage="test", run_id="r1")
     (tmp / "a-file.txt").write_text("not a lake\n")
@@ -131,8 +154,15 @@ def setting(tmp_path_factory, tiny):
     (tmp / "one.jsonl").write_text('{"item_id": "x", "conversations": []}\n')
     spec = tmp / "spec.toml"
     spec.write_text('name = "s"\n[allocation]\nstrategy = "last_token"\n[[components]]\nkind = "goal"\n')
-    return {"lake": lake, "tmp": str(tmp), "tiny": str(tiny), "file": str(tmp / "a-file.txt"),
-            "bad_toml": str(tmp / "bad.toml"), "spec": str(spec), "jsonl": str(tmp / "one.jsonl")}
+    yield {"lake": lake, "tmp": str(tmp), "tiny": str(tiny), "file": str(tmp / "a-file.txt"),
+           "bad_toml": str(tmp / "bad.toml"), "spec": str(spec), "jsonl": str(tmp / "one.jsonl")}
+    if schema:
+        import psycopg
+
+        from tests.conftest import pg_conninfo
+
+        with psycopg.connect(pg_conninfo(), autocommit=True) as con:
+            con.execute(f'DROP SCHEMA IF EXISTS "{schema}" CASCADE')
 
 
 def lake_state(uri: str) -> tuple:
