@@ -155,6 +155,9 @@ def parse_uri(uri: str | os.PathLike | None) -> CatalogURI:
                 raise CatalogError(f"postgres URI part {token!r} is not key=value (libpq conninfo)")
             k, v = token.split("=", 1)
             if k in ("data_path", "metadata_schema"):
+                if not v:
+                    raise CatalogError(f"{k}= needs a value" + (": a folder or a URL such as s3://bucket/lake/"
+                                                               if k == "data_path" else ": a PostgreSQL schema name"))
                 extra[k] = v
             else:
                 pairs.append(token)
