@@ -9,15 +9,13 @@ from __future__ import annotations
 
 import json
 import random
-import re
 import threading
 import time
 import uuid
 from collections.abc import Mapping
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from datetime import datetime, timedelta, timezone
 from datetime import time as datetime_time
-from pathlib import Path
 from typing import Any, Literal
 
 import duckdb
@@ -26,11 +24,11 @@ import pyarrow as pa
 
 from trajlake.schemas.tables import TABLES, duckdb_type, table_def
 from trajlake.store import extensions, objectstore
-from trajlake.store.errors import CatalogError, LakeLockedError, SnapshotError, TrajlakeError
+from trajlake.store.attach import ALIAS, _attach, check_read_only
+from trajlake.store.errors import CatalogError, SnapshotError, TrajlakeError
 from trajlake.store.uri import CatalogURI, parse_uri
 from trajlake.store.validate import conform
 
-ALIAS = "lake"
 #: Views other stages define over the tables (name -> SELECT over bare table names); see `register_view`.
 _VIEWS: dict[str, str] = {}
 
@@ -439,84 +437,6 @@ class Lake:
         return n
 
 
-def _attach(con: duckdb.DuckDBPyConnection, catalog: CatalogURI, *, read_only: bool = False,
-            override: bool = False) -> CatalogURI:
-    """Attach the lake; returns the catalog URI as opened (with the catalog's own data path when the URI left
-    it to the default and the lake keeps its data on object storage)."""
-    try:
-        con.execute(catalog.attach_sql(ALIAS, read_only=read_only, override_data_path=override))
-        return catalog
-    except duckdb.Error as e:
-        msg = str(e)
-    if read_only and catalog.backend == "postgres" and ("read-only mode" in msg or "creating a new DuckLake" in msg):
-        # DuckLake tried to create its metadata tables: there is no lake in that database and schema
-        raise CatalogError(f"cannot open lake {catalog.raw}: no lake there (a write command such as collect or "
-                           "import creates one)") from None
-    if "Could not set lock" in msg or "Conflicting lock" in msg:
-        holder = msg.split("Conflicting lock is held in", 1)[-1].split("See also")[0].strip()
-        raise LakeLockedError(
-            f"lake {catalog.raw} is open in another process ({holder}); a DuckDB-file catalog admits "
-            "one process at a time: for several processes use a sqlite:FILE or postgres:CONNINFO lake (a running "
-            "train run also writes its metrics to <checkpoint_dir>/<run_id>/metrics.jsonl)"
-        ) from None
-    hint = ""
-    if "does not match existing data path" in msg:
-        stored = re.search(r'existing data path in the catalog "(.*?)"', msg)
-        if not catalog.data_path_given and stored and objectstore.is_remote(stored.group(1)):
-            # the URI left data_path to the default, and the lake keeps its data on object storage: use that
-            objectstore.check_data_path(stored.group(1))
-            opened = replace(catalog, data_path=stored.group(1))
-            for name in opened.extensions:
-                if name not in catalog.extensions:
-                    con.load_extension(str(extensions.extension_path(name)))
-            objectstore.configure(con, opened.data_path)
-            opened = _attach(con, opened, read_only=read_only)
-            try:  # the unused default data folder prepare() made, if it is empty
-                Path(catalog.data_path).rmdir()
-            except OSError:
-                pass
-            return opened
-        if catalog.folder_data and stored and not override and _holds_files(catalog.data_path):
-            # a folder (or sqlite file and its .data folder) moved or copied: its data is the copy beside it,
-            # not the folder it was made in (which may be gone, or another lake's now)
-            return _attach(con, catalog, read_only=read_only, override=True)
-        hint = " (leave data_path out to use the catalog's)" if catalog.data_path_given else ""
-    raise CatalogError(f"cannot open lake {catalog.raw}: {_first_line(msg)}{hint}") from None
-
-
-def _holds_files(folder: str) -> bool:
-    try:
-        return any(Path(folder).iterdir())
-    except OSError:
-        return False
-
-
-#: the statements a read-only query may run: reads, and EXPLAIN of a read
-_READ_STATEMENTS = ("SELECT", "EXPLAIN")
-
-
-def check_read_only(sql: str) -> None:
-    """Refuse SQL that is not exactly one read statement (SELECT, WITH, FROM, DESCRIBE, SHOW, SUMMARIZE,
-    VALUES, EXPLAIN of a read), naming what is refused. DuckDB's parser tells the statement types; the
-    read-only attach stops anything else (e.g. a table function that writes) from reaching the lake."""
-    try:
-        statements = duckdb.extract_statements(sql)
-    except duckdb.Error as e:
-        raise TrajlakeError(f"query failed: {_first_line(str(e))}") from None
-    kinds = [s.type.name for s in statements]
-    if not kinds:
-        raise TrajlakeError("no SQL statement given")
-    if len(kinds) != 1:
-        raise TrajlakeError(f"one statement at a time, got {len(kinds)} ({', '.join(kinds)}): "
-                            "the lake is read-only here")
-    if kinds[0] not in _READ_STATEMENTS:
-        raise TrajlakeError(f"{kinds[0]} statements are refused: the lake is read-only here (sql and export only "
-                            "read; the store changes through collect, import, rewards and train)")
-    if kinds[0] == "EXPLAIN":
-        inner = re.sub(r"^\s*EXPLAIN\s+(ANALY[SZ]E\s+)?", "", statements[0].query, flags=re.IGNORECASE)
-        check_read_only(inner)
-
-
 def _is_json_col(table: str, column: str) -> bool:
     from trajlake.schemas.tables import is_json
 
@@ -528,7 +448,3 @@ def _rollback(cur: duckdb.DuckDBPyConnection) -> None:
         cur.execute("ROLLBACK")
     except duckdb.Error:
         pass
-
-
-def _first_line(msg: str) -> str:
-    return msg.strip().splitlines()[0] if msg.strip() else msg

@@ -11,7 +11,7 @@ import pytest
 from trajlake.cli import main
 from trajlake.schemas import Episode, Turn
 from trajlake.store import Lake, TrajlakeError
-from trajlake.store.lake import check_read_only
+from trajlake.store.attach import check_read_only
 
 #: statement -> what the one-line error names
 WRITES = {
