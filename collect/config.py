@@ -7,6 +7,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from trajlake.collect.templates import TEMPLATES
+from trajlake.config_types import check_field_types
 from trajlake.store.errors import TrajlakeError
 
 RUN_KINDS = ("collect", "eval")
@@ -79,6 +80,7 @@ class CollectConfig:
     """The run this one belongs to (a train run for its rollouts and evals), recorded in `runs`."""
 
     def __post_init__(self):
+        check_field_types(self, "collect config")  # a wrong type names its field before any comparison fails
         checks = [
             (self.tasks >= 1, f"tasks must be >= 1, got {self.tasks}"),
             (self.task_offset >= 0, f"task_offset must be >= 0, got {self.task_offset}"),

@@ -311,28 +311,6 @@ def test_reproducible_with_a_seed(tiny, hf, shared):
 
 
 # ---- errors ---------------------------------------------------------------------------------------
-@pytest.mark.parametrize("field, value", [
-    ("tasks", 0), ("samples", 0), ("max_turns", 0), ("concurrency", 0), ("workers", -1),
-    ("template", "xml"), ("on_format_error", "crash"), ("truncation", "drop"), ("chunk_turns", 0),
-    ("chunk_seconds", 0), ("temperature", -0.5), ("top_p", 0.0), ("top_p", 1.5), ("max_new_tokens", 0),
-    ("max_context_tokens", 48),
-])
-def test_config_rejects_bad_values(field, value):
-    with pytest.raises(TrajlakeError, match=rf"collect config: .*{field}"):
-        CollectConfig(env="doors", policy="hf:x", **{field: value})
-
-
-def test_config_needs_a_tokenizer_for_text_policies_and_a_url_for_agentgym():
-    with pytest.raises(TrajlakeError, match="tokenizer"):
-        CollectConfig(env="doors", policy="scripted:doors")
-    with pytest.raises(TrajlakeError, match="tokenizer"):
-        CollectConfig(env="doors", policy="openai:http://x#m")
-    with pytest.raises(TrajlakeError, match=r"env agentgym/textcraft plays an AgentGym server: give its URL"):
-        CollectConfig(env="agentgym/textcraft", policy="hf:x")
-    with pytest.raises(TrajlakeError, match="unknown env 'agentgym'"):
-        CollectConfig(env="agentgym", policy="hf:x", env_kwargs={"url": "http://127.0.0.1:9"})
-
-
 @pytest.mark.parametrize("spec, message", [
     ("bogus:x", r"unknown policy spec 'bogus:x': use one of hf:\.\.\., vllm:\.\.\., openai:\.\.\., scripted"),
     ("hf:", "needs a model folder"),

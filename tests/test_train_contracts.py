@@ -190,3 +190,28 @@ def test_differences_compare_model_by_the_policy_it_resolves_to():
     assert TrainConfig(model="run:sft", turn_baseline="turn").differences(old, start_policy="sft/step-4") == []
     with pytest.raises(ConfigError):
         TrainConfig(model="m", iterations="10")
+
+
+def test_differences_compare_reward_spec_by_content():
+    stored = {**TrainConfig(model="m", reward_spec="a.toml").to_dict(), "reward_spec_id": "s1"}
+    assert TrainConfig(model="m", reward_spec="copy/a.toml").differences(stored, spec_id="s1") == []
+    assert TrainConfig(model="m", reward_spec="a.toml").differences(stored, spec_id="s2") == [
+        ("reward_spec", "a.toml (spec s1)", "a.toml (spec s2)")]
+
+
+def test_a_restart_with_an_edited_reward_spec_is_refused(lake, model, tmp_path):
+    """The same spec path with other content is another run; the same content at another path is the same."""
+    spec = tmp_path / "spec.toml"
+    spec.write_text('name = "s"\n[[components]]\nkind = "sql"\nexpr = "1.0"\n')
+    cfg = small_cfg(model, run_id="g1", reward_spec=str(spec), tasks=2, samples=2, iterations=1,
+                    minibatch_size=4, micro_batch=4)
+    train(cfg, lake)
+    stored = lake.query("SELECT config FROM runs WHERE run_id = 'g1'")[0, 0]
+    stored = json.loads(stored) if isinstance(stored, str) else stored
+    assert stored["reward_spec_id"]
+    copy = tmp_path / "copy.toml"
+    copy.write_text(spec.read_text())
+    assert train(cfg.replace(reward_spec=str(copy)), lake).step == 1  # same content: the same run, nothing left
+    spec.write_text('name = "s"\n[[components]]\nkind = "sql"\nexpr = "2.0"\n')
+    msg = refused(lake, cfg, "run g1 already exists with reward_spec '")  # long paths are cut in the message
+    assert "copy.toml" in msg and "given '" in msg and "spec.toml" in msg

@@ -328,11 +328,14 @@ class TrainConfig:
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
 
-    def differences(self, stored: dict[str, Any], *, start_policy: str | None = None) -> list[tuple[str, Any, Any]]:
+    def differences(self, stored: dict[str, Any], *, start_policy: str | None = None,
+                    spec_id: str | None = None) -> list[tuple[str, Any, Any]]:
         """(field, stored value, given value) for each of RUN_FIELDS where this config differs from the `stored`
         config of the run it would resume (`runs.config`). `model` is compared as the policy it resolves to
         (`start_policy`, stored beside the config), so `run:ID`, `policy:ID` and the folder of one checkpoint
-        are the same start, and `run:ID` is not once that run has trained on. A field the stored config lacks
+        are the same start, and `run:ID` is not once that run has trained on. `reward_spec` is compared by its
+        content (`spec_id`, stored beside the config as `reward_spec_id`), so an edited spec file at the same
+        path is a different run and a copy at another path is the same. A field the stored config lacks
         (a lake from before it existed) is not compared."""
         given = json.loads(json.dumps(self.to_dict()))  # the values as they read back from the store
         out = []
@@ -344,6 +347,10 @@ class TrainConfig:
                 if stored["start_policy"] == start_policy:
                     continue
                 old, new = f"{old} (policy {stored['start_policy']})", f"{new} (policy {start_policy})"
+            elif name == "reward_spec" and spec_id and stored.get("reward_spec_id"):
+                if stored["reward_spec_id"] == spec_id:
+                    continue
+                old, new = f"{old} (spec {stored['reward_spec_id']})", f"{new} (spec {spec_id})"
             elif name == "advantage":  # None is the algo's default: compare the estimators actually used
                 old = old or DEFAULT_ADVANTAGE.get(stored.get("algo", self.algo), old)
                 new = self.advantage_name

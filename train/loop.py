@@ -60,8 +60,9 @@ class _Run:
     refuses a restart with other settings. `start()` makes the run's first write, once everything that can be
     checked without training was checked, so a command refused before it leaves the lake as it was."""
 
-    def __init__(self, config: TrainConfig, lake: Lake | None, kind: str):
+    def __init__(self, config: TrainConfig, lake: Lake | None, kind: str, spec_id: str | None = None):
         self.cfg = config
+        self.spec_id = spec_id  # the reward spec's content id: a restart compares it, not the spec's path
         self.rank, self.world = E.init_distributed()
         self.main = self.rank == 0
         if self.main and lake is None:
@@ -77,7 +78,7 @@ class _Run:
             except TrajlakeError as e:  # name the field: the path or id alone may not say which setting it is
                 raise ConfigError(f"train config: model {config.model!r}: {e}") from None
             resume = C.last_checkpoint(lake, rid)
-            stored = stored_train_run(lake, config, rid, start_pid, resume)
+            stored = stored_train_run(lake, config, rid, start_pid, resume, spec_id=spec_id)
             return rid, start_path, start_pid, base, new_row, resume, stored
 
         (self.run_id, self.start_path, self.start_pid, self.base, self.new_row, self.resume,
@@ -92,6 +93,8 @@ class _Run:
         if not self.main:
             return
         config = {**self.cfg.to_dict(), "start_policy": self.start_pid}  # what `model` resolved to
+        if self.spec_id:
+            config["reward_spec_id"] = self.spec_id  # what `reward_spec` held
         rows: dict[str, list] = {}
         if self.stored is None:
             rows["runs"] = [Run(self.run_id, "train", config=config, status="running", started_at=_now())]
@@ -161,7 +164,7 @@ def on_main(main: bool, fn: Any) -> Any:
 
 
 def stored_train_run(lake: Lake, config: TrainConfig, run_id: str, start_policy: str,
-                     resume: C.Resume | None) -> dict[str, Any] | None:
+                     resume: C.Resume | None, *, spec_id: str | None = None) -> dict[str, Any] | None:
     """The stored run row (status, config) that `config` restarts, or None for a new run. Raises, writing
     nothing, when `run_id` is not a train run, was started with other RUN_FIELDS, or has done more steps than
     `config` asks for."""
@@ -173,7 +176,7 @@ def stored_train_run(lake: Lake, config: TrainConfig, run_id: str, start_policy:
         raise ConfigError(f"run {run_id} already exists as a {row['kind']} run, not a train run (use a new --run-id)")
     stored = row["config"]
     row["config"] = stored = json.loads(stored) if isinstance(stored, str) else dict(stored or {})
-    diffs = config.differences(stored, start_policy=start_policy)
+    diffs = config.differences(stored, start_policy=start_policy, spec_id=spec_id)
     if diffs:
         raise ConfigError(describe_differences(run_id, diffs))
     done = resume.step if resume else 0
@@ -245,8 +248,9 @@ def train(config: TrainConfig, lake: Lake | None) -> RunResult:
     from trajlake.rewards import default_spec, load_spec
     from trajlake.rewards.score import score
 
-    r = _Run(config, lake, "train")
     c = config
+    spec = load_spec(c.reward_spec) if c.reward_spec else default_spec()
+    r = _Run(config, lake, "train", spec_id=spec.spec_id)
 
     def check_collect() -> None:  # collect's own checks of the rollouts' and evals' settings, before any write
         _collect_config(r, r.policy_id, run_id=f"{r.run_id}/it-1", split=c.split, tasks=c.tasks, samples=c.samples,
@@ -256,7 +260,6 @@ def train(config: TrainConfig, lake: Lake | None) -> RunResult:
                             samples=1, temperature=0.0, seed=c.seed, kind="eval")
 
     on_main(r.main, check_collect)
-    spec = load_spec(c.reward_spec) if c.reward_spec else default_spec()
     if c.advantage_name in TURN_INPUTS and spec.allocation.strategy == "discounted":
         raise ConfigError(f"train config: advantage {c.advantage_name} discounts across turns itself (gamma); the "
                           f"reward_spec {spec.name} discounts them in its allocation too: use allocation last_token "
