@@ -24,7 +24,8 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from trajlake.display import Format, console, emit
-from trajlake.store import Lake, TrajlakeError
+from trajlake.errors import TrajlakeError
+from trajlake.store import Lake
 
 ROOT = Path(__file__).resolve().parent
 DEFAULT_DATA = ROOT.parent / "shared" / "data" / "agentgym" / "textcraft" / "train.parquet"

@@ -14,7 +14,8 @@ from typing import Optional
 import typer
 
 from trajlake import display
-from trajlake.store import Lake, TrajlakeError
+from trajlake.errors import TrajlakeError
+from trajlake.store import Lake
 
 app = typer.Typer(
     name="trajlake",

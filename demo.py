@@ -30,7 +30,8 @@ from pathlib import Path
 import polars as pl
 
 from trajlake.display import Format, console, emit
-from trajlake.store import Lake, TrajlakeError
+from trajlake.errors import TrajlakeError
+from trajlake.store import Lake
 
 ROOT = Path(__file__).resolve().parent
 DEFAULT_DATA = ROOT.parent / "shared" / "data" / "agentgym"

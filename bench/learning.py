@@ -22,7 +22,8 @@ import polars as pl
 
 from trajlake.demo import CLI_INTS, DemoConfig, build_model, evaluate_policies, recipe
 from trajlake.display import Format, console, emit
-from trajlake.store import Lake, TrajlakeError
+from trajlake.errors import TrajlakeError
+from trajlake.store import Lake
 
 #: GRPO config fields the bench varies besides the demo's own (DemoConfig.train_overrides)
 TRAIN_FLOATS = ("kl_coef", "entropy_coef", "gamma", "clip_high")

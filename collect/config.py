@@ -8,7 +8,7 @@ from typing import Any
 
 from trajlake.collect.templates import TEMPLATES
 from trajlake.config_types import check_field_types
-from trajlake.store.errors import TrajlakeError
+from trajlake.errors import TrajlakeError
 
 RUN_KINDS = ("collect", "eval")
 TRUNCATION = ("stop",)

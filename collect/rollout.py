@@ -16,23 +16,23 @@ import time
 import uuid
 from collections import deque
 from dataclasses import dataclass, field
-from datetime import datetime, timezone
+from datetime import datetime
 from typing import Any
 
+from trajlake.clock import utc_now
 from trajlake.collect.chat import ChatRenderer
 from trajlake.collect.config import RUN_KINDS, CollectConfig, describe_differences
 from trajlake.collect.envpool import EnvPool, LocalEnvPool, Outcome, RayEnvPool
 from trajlake.collect.policies import Policy, Request, SamplingParams, load_policy
 from trajlake.collect.templates import get_template
+from trajlake.errors import TrajlakeError
 from trajlake.schemas import Episode, Run, Task, Turn
 from trajlake.schemas import Policy as PolicyRow
-from trajlake.store import Lake, TrajlakeError
+from trajlake.store import Lake
 
 _IDS = uuid.UUID("5b0c1f4e-2a8e-4d67-9a39-7f1f2b7f0c11")  # namespace of episode ids
 
 
-def now() -> datetime:
-    return datetime.now(timezone.utc)
 
 
 def episode_id(run_id: str, task_id: str, sample: int, attempt: int = 0) -> str:
@@ -115,7 +115,7 @@ class _Live:
     observation: str = ""
     context: list[int] = field(default_factory=list)
     turns: list[Turn] = field(default_factory=list)
-    started_at: datetime = field(default_factory=now)
+    started_at: datetime = field(default_factory=utc_now)
     reward: float = 0.0
 
 
@@ -146,7 +146,7 @@ class Rollout:
             raise TrajlakeError(f"policy {config.policy} has no tokenizer: give --tokenizer PATH")
         self.renderer = ChatRenderer(self.policy.tokenizer)
         self.params = SamplingParams(config.temperature, config.top_p, config.max_new_tokens, config.seed)
-        self.run_id = config.run_id or f"collect-{now():%Y%m%d-%H%M%S}-{uuid.uuid4().hex[:6]}"
+        self.run_id = config.run_id or f"collect-{utc_now():%Y%m%d-%H%M%S}-{uuid.uuid4().hex[:6]}"
         self.pool: EnvPool = (RayEnvPool(factory, config.workers) if config.workers > 0
                               else LocalEnvPool(factory, threads=config.concurrency if self.probe_env.remote else 0))
         self.system = config.system_prompt or system_prompt(self.probe_env, self.template)
@@ -170,12 +170,12 @@ class Rollout:
         rows: dict[str, list] = {
             "runs": [Run(self.run_id, self.config.run_kind,
                          config={**self.config.to_dict(), "exact_tokens": p.exact_tokens, "system_prompt": self.system},
-                         status="running", started_at=now(), parent_run_id=self.config.parent_run_id)],
+                         status="running", started_at=utc_now(), parent_run_id=self.config.parent_run_id)],
             "tasks": tasks,
         }
         if not self.config.policy.startswith("policy:"):
             rows["policies"] = [PolicyRow(p.policy_id, run_id=self.run_id, base_model=p.model_path,
-                                          checkpoint_uri=p.model_path, created_at=now())]
+                                          checkpoint_uri=p.model_path, created_at=utc_now())]
         self.lake.append(rows, stage="collect", run_id=self.run_id, message=f"collect: start run {self.run_id}")
         if resumed is not None and pending and resumed["status"] != "running":
             self.lake.update("runs", {"run_id": self.run_id}, {"status": "running", "finished_at": None},
@@ -228,11 +228,11 @@ class Rollout:
             errors = run_errors(self.lake, self.run_id)
             status = "failed" if errors.pairs and errors.errored == errors.pairs else "finished"
             if bar.total or resumed is None or resumed["status"] != status:
-                self.lake.update("runs", {"run_id": self.run_id}, {"status": status, "finished_at": now()},
+                self.lake.update("runs", {"run_id": self.run_id}, {"status": status, "finished_at": utc_now()},
                                  stage="collect", run_id=self.run_id, message=f"collect: run {self.run_id} {status}")
         except BaseException:
             self._flush()  # finished episodes are kept even when the run dies
-            self.lake.update("runs", {"run_id": self.run_id}, {"status": "failed", "finished_at": now()},
+            self.lake.update("runs", {"run_id": self.run_id}, {"status": "failed", "finished_at": utc_now()},
                              stage="collect", run_id=self.run_id)
             raise
         finally:
@@ -328,7 +328,7 @@ class Rollout:
             ep.episode_id, run_id=self.run_id, policy_id=self.policy.policy_id, task_id=ep.task.task_id,
             env=ep.task.env, group_id=f"{self.run_id}:{ep.task.task_id}", sample_index=ep.sample, status=status,
             success=success and status == "ok", env_reward=ep.reward, num_turns=len(ep.turns),
-            num_agent_tokens=agent_tokens, error=error, started_at=ep.started_at, finished_at=now(),
+            num_agent_tokens=agent_tokens, error=error, started_at=ep.started_at, finished_at=utc_now(),
         ))
         self._buffer_turns.extend(ep.turns)
         bar.episode_done(success and status == "ok", agent_tokens, error=status == "error")

@@ -12,7 +12,6 @@ from __future__ import annotations
 import html
 import math
 import re
-from datetime import datetime, timezone
 from pathlib import Path
 
 import polars as pl
@@ -20,7 +19,10 @@ from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 from matplotlib.ticker import MaxNLocator
 
-from trajlake.store import Lake, TrajlakeError
+from trajlake.clock import utc_now
+from trajlake.errors import TrajlakeError
+from trajlake.sql_text import sql_list
+from trajlake.store import Lake
 
 # `{runs}` becomes a filter on the run ids given to build_report (nothing when every run is shown).
 # Episodes that ended in an env error (status 'error': a dead env server, not the policy) are left out of
@@ -132,7 +134,7 @@ def build_report(lake: Lake, out_dir, runs: list[str] | None = None) -> Path:
     snap = lake.current_snapshot()
     runs = list(dict.fromkeys([runs] if isinstance(runs, str) else runs or []))
     if runs:
-        known = set(lake.query(f"SELECT run_id FROM runs WHERE run_id IN ({_literals(runs)})", snapshot=snap)["run_id"])
+        known = set(lake.query(f"SELECT run_id FROM runs WHERE run_id IN ({sql_list(runs)})", snapshot=snap)["run_id"])
         unknown = [r for r in runs if r not in known]
         if unknown:
             raise TrajlakeError(f"unknown run id(s): {', '.join(unknown)} (list them with "
@@ -154,7 +156,7 @@ def build_report(lake: Lake, out_dir, runs: list[str] | None = None) -> Path:
                      f"<p class=\"meta\">query:</p><pre>{html.escape(sql)}</pre></section>")
     nav = " · ".join(f'<a href="#{k}">{html.escape(t[0])}</a>' for k, t in SECTIONS.items())
     shown = ", ".join(runs) if runs else "all"
-    when = datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+    when = utc_now().strftime("%Y-%m-%d %H:%M UTC")
     page = (f"<!doctype html>\n<html><head><meta charset=\"utf-8\"><title>trajlake report</title>"
             f"<style>{STYLE}</style></head><body>\n<h1>trajlake report</h1>\n"
             f"<p class=\"meta\">Lake snapshot {snap} (rerun any query with <code>trajlake sql -s {snap} \"...\""
@@ -170,14 +172,12 @@ def _code(text: str) -> str:
 
 
 # ---- SQL helpers ---------------------------------------------------------------------------------
-def _literals(values: list[str]) -> str:
-    return ", ".join("'" + v.replace("'", "''") + "'" for v in values)
 
 
 def _run_filter(runs: list[str], keyword: str, columns: tuple[str, ...]) -> str:
     if not runs or not columns:
         return ""
-    lits, sep = _literals(runs), "\n" if keyword == "WHERE" else " "
+    lits, sep = sql_list(runs), "\n" if keyword == "WHERE" else " "
     return f"{sep}{keyword} (" + " OR ".join(f"{c} IN ({lits})" for c in columns) + ")"
 
 

@@ -21,8 +21,10 @@ from dataclasses import asdict, dataclass, field
 import polars as pl
 
 from trajlake.config_types import check_field_types
+from trajlake.errors import TrajlakeError
 from trajlake.evaluate.metrics import summarize
-from trajlake.store import Lake, TrajlakeError
+from trajlake.sql_text import sql_list
+from trajlake.store import Lake
 
 
 @dataclass(frozen=True)
@@ -179,7 +181,7 @@ def evaluate(config: EvalConfig, lake: Lake) -> EvalResult:
     for cc in plays:
         _play(cc, lake)
     ids = list(runs.values())
-    where = "run_id IN (" + ", ".join("'" + r.replace("'", "''") + "'" for r in ids) + ")"
+    where = "run_id IN (" + sql_list(ids) + ")"
     score(lake, spec, where=where, run_id=ids[0])
     eps = lake.query(EPISODES_SQL, [spec.spec_id, ids])
     failed = pl.col("status").eq_missing("error")

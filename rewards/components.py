@@ -17,8 +17,9 @@ from typing import Any
 
 import duckdb
 
+from trajlake.errors import TrajlakeError
 from trajlake.schemas.tables import TABLES
-from trajlake.store.errors import TrajlakeError
+from trajlake.sql_text import sql_str
 
 _KINDS: dict[str, ComponentKind] = {}
 
@@ -75,8 +76,6 @@ def normalised_params(kind: str, params: dict[str, Any]) -> dict[str, Any]:
     return {k: v for k, v in params.items() if not (k in legacy and v == legacy[k] and type(v) is type(legacy[k]))}
 
 
-def sql_str(s: str) -> str:
-    return "'" + s.replace("'", "''") + "'"
 
 
 def _num(v: Any) -> str:

@@ -10,18 +10,19 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from datetime import datetime, timezone
 
 import duckdb
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from trajlake.clock import utc_now
+from trajlake.errors import TrajlakeError
 from trajlake.rewards.compile import PY_INPUT_SQL, compile_query, episodes_cte, turn_rewards_query
 from trajlake.rewards.components import load_function
 from trajlake.rewards.spec import RewardSpec
 from trajlake.schemas import RewardSpecRow
-from trajlake.store import Lake, TrajlakeError
+from trajlake.store import Lake
 
 
 class RewardValueError(TrajlakeError):
@@ -123,7 +124,7 @@ def score(lake: Lake, spec: RewardSpec, *, snapshot: int | None = None, where: s
     result = with_components_map(result, spec)
     check_finite(result, spec)
     rows: dict[str, object] = {
-        "reward_specs": [RewardSpecRow(spec.spec_id, spec.name, spec.to_json(), datetime.now(timezone.utc))],
+        "reward_specs": [RewardSpecRow(spec.spec_id, spec.name, spec.to_json(), utc_now())],
         "episode_rewards": result,
     }
     tr_sql = turn_rewards_query(spec, "scored")

@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from trajlake.store.errors import TrajlakeError
+from trajlake.errors import TrajlakeError
 
 STRATEGIES = ("last_token", "uniform_positive", "discounted", "per_turn")
 

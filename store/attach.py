@@ -9,8 +9,8 @@ from pathlib import Path
 
 import duckdb
 
+from trajlake.errors import CatalogError, LakeLockedError, TrajlakeError
 from trajlake.store import extensions, objectstore
-from trajlake.store.errors import CatalogError, LakeLockedError, TrajlakeError
 from trajlake.store.uri import CatalogURI
 
 ALIAS = "lake"

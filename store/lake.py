@@ -22,10 +22,11 @@ import duckdb
 import polars as pl
 import pyarrow as pa
 
+from trajlake.clock import utc_now
+from trajlake.errors import CatalogError, SnapshotError, TrajlakeError
 from trajlake.schemas.tables import TABLES, duckdb_type, table_def
 from trajlake.store import extensions, objectstore
 from trajlake.store.attach import ALIAS, _attach, check_read_only
-from trajlake.store.errors import CatalogError, SnapshotError, TrajlakeError
 from trajlake.store.uri import CatalogURI, parse_uri
 from trajlake.store.validate import conform
 
@@ -412,7 +413,7 @@ class Lake:
 
     def _cleanup_old_files(self, cur: duckdb.DuckDBPyConnection, grace: timedelta) -> int:
         """Delete files that left the lake (merged away, expired) more than `grace` ago."""
-        cutoff = datetime.now(timezone.utc) - grace
+        cutoff = utc_now() - grace
         call = f"CALL ducklake_cleanup_old_files('{ALIAS}', older_than => ?::TIMESTAMPTZ)"
         if self.catalog.backend != "sqlite":
             return len(cur.execute(call, [cutoff]).fetchall())

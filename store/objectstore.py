@@ -13,7 +13,8 @@ from collections.abc import Mapping
 
 import duckdb
 
-from trajlake.store.errors import CatalogError, TrajlakeError
+from trajlake.errors import CatalogError, TrajlakeError
+from trajlake.sql_text import sql_str
 
 #: URL schemes DuckDB's httpfs extension reads and writes (http(s) and hf are read-only there)
 HTTPFS_SCHEMES = ("s3", "s3a", "s3n", "gs", "gcs", "r2", "http", "https", "hf")
@@ -72,17 +73,17 @@ def s3_secret_sql(environ: Mapping[str, str] | None = None) -> str | None:
         raise TrajlakeError(f"{have} is set but {missing} is not: set both (or neither, for anonymous access)")
     opts = ["TYPE s3"]
     if key_id:
-        opts += [f"KEY_ID {_quote(key_id)}", f"SECRET {_quote(secret)}"]
+        opts += [f"KEY_ID {sql_str(key_id)}", f"SECRET {sql_str(secret)}"]
         if token := _env(env, "AWS_SESSION_TOKEN"):
-            opts.append(f"SESSION_TOKEN {_quote(token)}")
+            opts.append(f"SESSION_TOKEN {sql_str(token)}")
     if region := _env(env, "AWS_REGION") or _env(env, "AWS_DEFAULT_REGION"):
-        opts.append(f"REGION {_quote(region)}")
+        opts.append(f"REGION {sql_str(region)}")
     if endpoint := _env(env, "AWS_ENDPOINT_URL_S3") or _env(env, "AWS_ENDPOINT_URL"):
         url_scheme = scheme(endpoint)
         if url_scheme not in (None, "http", "https"):
             raise TrajlakeError(f"AWS_ENDPOINT_URL {endpoint!r} is not an http:// or https:// URL")
         host = endpoint.split("://", 1)[-1].rstrip("/")
-        opts += [f"ENDPOINT {_quote(host)}", "URL_STYLE 'path'", f"USE_SSL {str(url_scheme != 'http').lower()}"]
+        opts += [f"ENDPOINT {sql_str(host)}", "URL_STYLE 'path'", f"USE_SSL {str(url_scheme != 'http').lower()}"]
     return f"CREATE OR REPLACE TEMPORARY SECRET {SECRET_NAME} ({', '.join(opts)})"
 
 
@@ -115,5 +116,3 @@ def explain(message: str, data_path: str) -> str:
     return f"{first}{why}; the lake's data is at {data_path}: check {check} and that the bucket exists"
 
 
-def _quote(s: str) -> str:
-    return "'" + s.replace("'", "''") + "'"

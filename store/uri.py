@@ -31,8 +31,9 @@ import sqlite3
 from dataclasses import dataclass
 from pathlib import Path
 
+from trajlake.errors import CatalogError
+from trajlake.sql_text import sql_str
 from trajlake.store import objectstore
-from trajlake.store.errors import CatalogError
 
 DEFAULT_LAKE = "lake"
 ENV_VAR = "TRAJLAKE_LAKE"
@@ -69,17 +70,17 @@ class CatalogURI:
         """The ATTACH statement; without `data_path`, the catalog's stored one applies (existing lakes).
         `override_data_path`: this URI's data path replaces the stored one (a moved or copied folder lake)."""
         opts = ["READ_ONLY"] if read_only else []
-        opts += [f"DATA_PATH {_quote(self.data_path)}"] if data_path else []
+        opts += [f"DATA_PATH {sql_str(self.data_path)}"] if data_path else []
         if override_data_path:
             opts.append("OVERRIDE_DATA_PATH true")
         if self.metadata_schema:
-            opts.append(f"METADATA_SCHEMA {_quote(self.metadata_schema)}")
+            opts.append(f"METADATA_SCHEMA {sql_str(self.metadata_schema)}")
         if self.backend == "duckdb":
             # DuckLake inlines small inserts into a DuckDB-file catalog with DOUBLEs rounded to 16 digits
             # (0.09719760778190321 is read back as 0.0971976077819032): write every insert to parquet instead.
             opts.append("DATA_INLINING_ROW_LIMIT 0")
         options = f" ({', '.join(opts)})" if opts else ""
-        return f"ATTACH {_quote('ducklake:' + self.metadata)} AS {alias}{options}"
+        return f"ATTACH {sql_str('ducklake:' + self.metadata)} AS {alias}{options}"
 
     @property
     def folder_data(self) -> bool:
@@ -129,8 +130,6 @@ def _use_wal(path: str) -> None:
         con.close()
 
 
-def _quote(s: str) -> str:
-    return "'" + s.replace("'", "''") + "'"
 
 
 def parse_uri(uri: str | os.PathLike | None) -> CatalogURI:

@@ -17,9 +17,9 @@ import duckdb
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from trajlake.errors import SchemaError
 from trajlake.schemas.records import to_table
 from trajlake.schemas.tables import TableDef, is_json
-from trajlake.store.errors import SchemaError
 
 
 def as_arrow(data: Any, tdef: TableDef) -> pa.Table:

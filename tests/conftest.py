@@ -53,7 +53,7 @@ def one_torch_thread():
 @pytest.fixture(scope="module")
 def tiny(tmp_path_factory) -> Path:
     """The random-weight tiny model's folder, built once per session."""
-    from tests.test_rollout import tiny_model_dir
+    from tests.helpers import tiny_model_dir
 
     return tiny_model_dir(tmp_path_factory)
 

@@ -18,8 +18,8 @@ from trajlake.collect.envs.agentgym_presets import PRESETS
 from trajlake.collect.envs.agentgym_protocol import Preset, win_reward_at_least_one
 from trajlake.collect.envs.agentgym_server import serve_env
 from trajlake.collect.envs.maze import MazeEnv
+from trajlake.errors import TrajlakeError
 from trajlake.schemas.records import Task
-from trajlake.store import TrajlakeError
 
 BUILTINS = ["crafting", "doors", "guess", "maze"]
 ACTIONS = ["move north", "move east", "move south", "open red", "read sign", "guess 3", "guess 12", "inventory",

@@ -16,7 +16,7 @@ import pytest
 import requests
 
 from tests.conftest import require_textcraft_server
-from tests.test_rollout import cfg, episodes_of, turns_of
+from tests.helpers import cfg, episodes_of, turns_of
 from trajlake.collect.envs import make_env
 from trajlake.collect.envs.agentgym_client import EnvServerError, detect_preset, resolve_env_name
 from trajlake.collect.envs.agentgym_launch import textcraft_server
@@ -24,7 +24,8 @@ from trajlake.collect.importers import load_tokenizer
 from trajlake.collect.policies.scripted import ScriptedPolicy
 from trajlake.collect.rollout import collect
 from trajlake.collect.templates import get_template
-from trajlake.store import Lake, TrajlakeError
+from trajlake.errors import TrajlakeError
+from trajlake.store import Lake
 
 FAST = {"timeout": 10.0, "connect_timeout": 2.0, "retries": 1, "backoff": 0.05}
 

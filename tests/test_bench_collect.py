@@ -8,7 +8,7 @@ import re
 import pytest
 
 from tests.conftest import load_bench
-from tests.test_rollout import tiny_model_dir
+from tests.helpers import tiny_model_dir
 
 TINY = ["--episodes", "3", "--concurrency", "3", "--max-turns", "2", "--max-new-tokens", "4", "--threads", "0"]
 

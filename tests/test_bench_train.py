@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from tests.conftest import load_bench
-from tests.test_rollout import tiny_model_dir
+from tests.helpers import tiny_model_dir
 
 TINY = ["--prompts", "2", "--samples", "2", "--max-new-tokens", "4", "--micro-batch", "2", "--repeats", "1",
         "--threads", "0"]  # threads 0: leave this process's torch threads as they are

@@ -74,7 +74,7 @@ def test_errors_are_one_line(args, message, capsys):
 
 
 def test_debug_shows_traceback():
-    from trajlake.store import TrajlakeError
+    from trajlake.errors import TrajlakeError
 
     with pytest.raises(TrajlakeError):
         main(["--debug", "sql", "SELECT * FROM nope"])

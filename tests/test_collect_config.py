@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from trajlake.collect.config import CollectConfig
-from trajlake.store import TrajlakeError
+from trajlake.errors import TrajlakeError
 
 
 @pytest.mark.parametrize("field, value", [

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from tests.test_rollout import tiny_model_dir
+from tests.helpers import tiny_model_dir
 from trajlake.collect.config import CollectConfig
 from trajlake.collect.policies.hf import HFPolicy
 from trajlake.collect.rollout import collect

@@ -7,9 +7,10 @@ import shutil
 
 import pytest
 
-from tests.test_rollout import tiny_model_dir
+from tests.helpers import tiny_model_dir
 from trajlake.demo import DemoConfig, main
-from trajlake.store import Lake, TrajlakeError
+from trajlake.errors import TrajlakeError
+from trajlake.store import Lake
 
 SMALL = ["--demos", "64", "--sft-steps", "4", "--sft-every", "2", "--iterations", "2", "--tasks", "4", "--samples", "2",
          "--micro-batch", "8", "--eval-tasks", "4"]

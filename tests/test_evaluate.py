@@ -9,11 +9,12 @@ import math
 import polars as pl
 import pytest
 
-from tests.test_rollout import tiny_model_dir
+from tests.helpers import tiny_model_dir
 from trajlake.cli import main
+from trajlake.errors import TrajlakeError
 from trajlake.evaluate.metrics import format_summary, mean_interval, pass_at_k, summarize, wilson_interval
 from trajlake.evaluate.run import EvalConfig, eval_run_id, evaluate
-from trajlake.store import Lake, TrajlakeError
+from trajlake.store import Lake
 
 # ---- statistics -------------------------------------------------------------------------------------
 

@@ -14,12 +14,12 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import pytest
 import torch
 
-from tests.test_rollout import (
+from tests.helpers import (
     EOT,
     TAUGHT_REPLY,
-    _exactness,
     cfg,
     episodes_of,
+    exactness,
     taught_model_dir,
     turns_by_episode,
     turns_of,
@@ -33,8 +33,9 @@ from trajlake.collect.policies.scripted import ScriptedPolicy
 from trajlake.collect.policies.vllm import vllm_available
 from trajlake.collect.rollout import collect, system_prompt
 from trajlake.collect.templates import TEMPLATES, get_template
+from trajlake.errors import TrajlakeError
 from trajlake.schemas import Policy as PolicyRow
-from trajlake.store import Lake, TrajlakeError
+from trajlake.store import Lake
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
@@ -350,7 +351,7 @@ def test_vllm_policy_exact_tokens(tiny, shared):
     run_id = collect(cfg(env="guess", policy=f"vllm:{tiny}", tasks=3, samples=2, max_turns=2, max_new_tokens=12,
                          temperature=1.0), shared)
     model = HFPolicy(tiny)
-    _exactness(shared, run_id, model.model, model.tokenizer, 1.0)
+    exactness(shared, run_id, model.model, model.tokenizer, 1.0)
 
 
 def test_vllm_missing_is_a_clear_error(tiny):

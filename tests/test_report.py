@@ -8,8 +8,9 @@ import html
 import pytest
 
 from tests.test_cookbook import EXPERT, TRAIN_RUN, demo_lake_uri
+from trajlake.errors import TrajlakeError
 from trajlake.evaluate.report import SECTIONS, build_report
-from trajlake.store import Lake, TrajlakeError
+from trajlake.store import Lake
 
 PLOTS = ("learning", "kl", "rewards", "turns")
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"

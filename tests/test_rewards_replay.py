@@ -15,10 +15,11 @@ import pytest
 
 import trajlake.rewards  # noqa: F401 (registers the token_rewards view)
 from trajlake.cli import main
+from trajlake.errors import TrajlakeError
 from trajlake.rewards import SPECS_DIR, default_spec, load_spec, parse_spec, reference
 from trajlake.rewards.score import RewardValueError, diff, score
 from trajlake.schemas import Episode, Turn
-from trajlake.store import Lake, TrajlakeError
+from trajlake.store import Lake
 
 GOAL_AND_TURNS = SPECS_DIR / "goal-and-turns.toml"
 

@@ -5,81 +5,38 @@ turn cap and the context budget, chunked snapshots, config errors, the exact-tok
 loss mask are exactly what the model saw) and task offsets; runs that stop and resume are in
 tests/test_rollout_resume.py.
 
-The model helpers at the top are shared with tests/test_policies.py (they build once per session).
+The model and query helpers are in tests/helpers.py.
 """
 
 from __future__ import annotations
 
 import json
-from collections import Counter
 from pathlib import Path
 
 import pytest
-import torch
 
+from tests.helpers import (
+    BUILTIN,
+    EOT,
+    TAUGHT_REPLY,
+    assert_episodes_whole,
+    cfg,
+    episodes_of,
+    exactness,
+    taught_model_dir,
+    tiny_model_dir,
+    turns_by_episode,
+    turns_of,
+)
 from trajlake.collect.chat import ChatRenderer, full_sequence
 from trajlake.collect.config import CollectConfig
 from trajlake.collect.envs import env_names, make_env
 from trajlake.collect.importers import load_tokenizer
-from trajlake.collect.models import build_tiny_model
 from trajlake.collect.policies.hf import HFPolicy
 from trajlake.collect.rollout import collect, episode_id
 from trajlake.collect.templates import get_template
-from trajlake.store import Lake, TrajlakeError
-
-EOT = "<|im_end|>"
-#: the built-in envs (the registry may hold more: third-party ones, made only when their package is installed)
-BUILTIN = ("crafting", "doors", "guess", "maze")
-#: what the "taught" model replies, whatever it is asked (greedy; at temperature 1 almost always)
-TAUGHT_REPLY = "guess 5"
-
-
-# ---- shared model helpers (also imported by tests/test_policies.py) ------------------------------
-def tiny_model_dir(tmp_path_factory) -> Path:
-    """The random-weight tiny model, built once per session."""
-    path = tmp_path_factory.getbasetemp() / "tiny-model"
-    if not (path / "model.safetensors").is_file():
-        build_tiny_model(path)
-    return path
-
-
-def taught_model_dir(tmp_path_factory) -> Path:
-    """A real Llama checkpoint (the tiny model's body and tokenizer) whose weights make it reply TAUGHT_REPLY
-    and then the end-of-turn token, whatever the prompt.
-
-    The blocks' residual writes are scaled down 100x, so the last hidden state is (almost) the normalised
-    embedding of the current token, and an untied lm_head maps the tokens of "\\n" + REPLY to their
-    successors (the generation prompt ends with "\\n") with a logit margin of 12. Every layer still runs, so
-    the context shifts the logprobs a little; greedy replies are exactly REPLY + <|im_end|>.
-    """
-    path = tmp_path_factory.getbasetemp() / "taught-model"
-    if (path / "model.safetensors").is_file():
-        return path
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    base = tiny_model_dir(tmp_path_factory)
-    tok = AutoTokenizer.from_pretrained(base, local_files_only=True)
-    model = AutoModelForCausalLM.from_pretrained(base, local_files_only=True)
-    chain = tok("\n" + TAUGHT_REPLY + EOT, add_special_tokens=False)["input_ids"]
-    assert len(set(chain[:-1])) == len(chain) - 1, "each token of the chain needs one successor"
-    with torch.no_grad():
-        for layer in model.model.layers:
-            layer.self_attn.o_proj.weight.mul_(1e-2)
-            layer.mlp.down_proj.weight.mul_(1e-2)
-        emb = model.model.embed_tokens.weight
-        states = model.model.norm(emb[chain[:-1]])  # (K, H): the last hidden state after each chain token
-        target = torch.zeros(len(chain) - 1, emb.shape[0])
-        target[torch.arange(len(chain) - 1), torch.tensor(chain[1:])] = 12.0
-        head = (torch.linalg.pinv(states) @ target).T.contiguous()  # (V, H), exact on the chain's states
-    model.config.tie_word_embeddings = False
-    model.lm_head.weight = torch.nn.Parameter(head)
-    from transformers.utils import logging as hf_logging
-
-    hf_logging.disable_progress_bar()
-    model.save_pretrained(path)
-    tok.save_pretrained(path)
-    return path
-
+from trajlake.errors import TrajlakeError
+from trajlake.store import Lake
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
@@ -101,46 +58,6 @@ def lake(tmp_path):
     lk = Lake.open(str(tmp_path / "lake"))
     yield lk
     lk.close()
-
-
-def cfg(**kw) -> CollectConfig:
-    kw.setdefault("progress", False)
-    return CollectConfig(**kw)
-
-
-def episodes_of(lake: Lake, run_id: str):
-    return lake.query("SELECT * FROM episodes WHERE run_id = ? ORDER BY task_id, sample_index", [run_id])
-
-
-def turns_of(lake: Lake, run_id: str):
-    return lake.query(
-        "SELECT t.* FROM turns t JOIN episodes e USING (episode_id) WHERE e.run_id = ? "
-        "ORDER BY e.task_id, e.sample_index, t.turn",
-        [run_id],
-    )
-
-
-def turns_by_episode(lake: Lake, run_id: str) -> dict[str, list[dict]]:
-    out: dict[str, list[dict]] = {}
-    for row in turns_of(lake, run_id).iter_rows(named=True):
-        out.setdefault(row["episode_id"], []).append(row)
-    return out
-
-
-def assert_episodes_whole(lake: Lake, run_id: str, snapshot: int | None = None) -> None:
-    """Every stored episode has exactly turns 0..num_turns-1, and no turn lacks its episode."""
-    rows = lake.query(
-        "SELECT e.episode_id, e.num_turns, count(t.turn) AS n, count(DISTINCT t.turn) AS d, "
-        "coalesce(min(t.turn), 0) AS lo, coalesce(max(t.turn), -1) AS hi "
-        "FROM episodes e LEFT JOIN turns t USING (episode_id) WHERE e.run_id = ? GROUP BY ALL",
-        [run_id], snapshot=snapshot,
-    )
-    for r in rows.iter_rows(named=True):
-        assert r["n"] == r["d"] == r["num_turns"] == r["hi"] + 1, r
-        assert r["lo"] == 0 or r["num_turns"] == 0, r
-    orphans = lake.query("SELECT count(*) AS n FROM turns WHERE episode_id NOT IN (SELECT episode_id FROM episodes)",
-                         snapshot=snapshot)
-    assert orphans["n"][0] == 0
 
 
 # ---- scripted experts: what a run stores ------------------------------------------------------------
@@ -347,59 +264,6 @@ def test_cli_collect(tiny, tmp_path, capsys):
 
 
 # ---- exact tokens: the core promise -----------------------------------------------------------------
-def _exactness(lake: Lake, run_id: str, model, tokenizer, temperature: float) -> dict[str, int]:
-    """(a) ids decode to the chat template's rendering, (b) logprobs are the model's own, (c) the loss mask."""
-    renderer = ChatRenderer(tokenizer)
-    system = json.loads(lake.query("SELECT config FROM runs WHERE run_id = ?", [run_id])["config"][0])["system_prompt"]
-    eps = episodes_of(lake, run_id)
-    by_ep = turns_by_episode(lake, run_id)
-    endings = Counter()
-    for ep in eps.iter_rows(named=True):
-        ts = by_ep[ep["episode_id"]]
-        ids, mask = full_sequence(ts)
-
-        # (a) the concatenated ids are the template's rendering of system + observations + replies
-        messages = [{"role": "system", "content": system}]
-        for t in ts:
-            messages += [{"role": "user", "content": t["observation"]},
-                         {"role": "assistant", "content": t["action_text"]}]
-        rendered, decoded = renderer.render(messages), renderer.decode(ids)
-        assert rendered.startswith(decoded)
-        rest = rendered[len(decoded):]
-        assert rest in ("\n", EOT + "\n"), rest  # the template's text after the last reply's sampled ids
-        for i, t in enumerate(ts):
-            prompt = renderer.decode(t["prompt_token_ids"])
-            assert prompt.endswith("<|im_start|>user\n" + t["observation"] + EOT + "\n<|im_start|>assistant\n")
-            if i == 0:
-                assert prompt.startswith("<|im_start|>system\n" + system + EOT)
-            else:  # what the template wrote after the previous reply's sampled ids starts this prompt
-                closed = ts[i - 1]["response_token_ids"][-1] == tokenizer.convert_tokens_to_ids(EOT)
-                assert prompt.startswith("\n<|im_start|>user\n" if closed else EOT + "\n<|im_start|>user\n")
-        endings["eot" if ts[-1]["response_token_ids"][-1] == tokenizer.convert_tokens_to_ids(EOT) else "cut"] += 1
-
-        # (c) the loss mask is 1 exactly on the response ids, in order
-        assert len(mask) == len(ids) and sum(mask) == ep["num_agent_tokens"]
-        pos = 0
-        for t in ts:
-            p, r = t["prompt_token_ids"], t["response_token_ids"]
-            assert mask[pos:pos + len(p)] == [0] * len(p) and ids[pos:pos + len(p)] == list(p)
-            pos += len(p)
-            assert mask[pos:pos + len(r)] == [1] * len(r) and ids[pos:pos + len(r)] == list(r)
-            pos += len(r)
-        assert pos == len(ids)
-
-        # (b) the stored behaviour logprobs are the model's on exactly this sequence
-        with torch.no_grad():
-            logits = model(input_ids=torch.tensor([ids])).logits[0].float()
-        if temperature > 0:
-            logits = logits / temperature
-        logp = torch.log_softmax(logits, dim=-1)
-        where = [i for i, m in enumerate(mask) if m]
-        recomputed = logp[torch.tensor(where) - 1, torch.tensor([ids[i] for i in where])]
-        stored = torch.tensor([x for t in ts for x in t["response_logprobs"]])
-        assert stored.shape == recomputed.shape
-        assert torch.allclose(stored, recomputed, atol=1e-4, rtol=0), (stored - recomputed).abs().max()
-    return dict(endings)
 
 
 def test_exact_tokens_untrained_model(tiny, hf, shared):
@@ -407,7 +271,7 @@ def test_exact_tokens_untrained_model(tiny, hf, shared):
     lake = shared
     run_id = collect(cfg(env="guess", policy=f"hf:{tiny}", tasks=3, samples=2, max_turns=3, max_new_tokens=12,
                          concurrency=4, temperature=0.8), lake, policy=hf)
-    endings = _exactness(lake, run_id, hf.model, hf.tokenizer, 0.8)
+    endings = exactness(lake, run_id, hf.model, hf.tokenizer, 0.8)
     assert endings.get("cut") == 6
 
 
@@ -417,7 +281,7 @@ def test_exact_tokens_replies_closed_by_end_of_turn(taught, shared):
     policy = HFPolicy(taught)
     run_id = collect(cfg(env="guess", policy=f"hf:{taught}", template="plain", tasks=4, samples=2, max_turns=3,
                          max_new_tokens=10, temperature=0.7), lake, policy=policy)
-    endings = _exactness(lake, run_id, policy.model, policy.tokenizer, 0.7)
+    endings = exactness(lake, run_id, policy.model, policy.tokenizer, 0.7)
     assert endings.get("eot", 0) >= 6
     acts = turns_of(lake, run_id)
     assert (acts["action"] == TAUGHT_REPLY).sum() >= acts.height - 2  # a rare other sample is allowed

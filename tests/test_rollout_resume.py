@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.test_rollout import assert_episodes_whole, cfg, episodes_of
+from tests.helpers import assert_episodes_whole, cfg, episodes_of
 from trajlake.collect.config import CollectConfig
 from trajlake.collect.envs import make_env
 from trajlake.collect.importers import load_tokenizer
@@ -23,7 +23,8 @@ from trajlake.collect.policies.scripted import ScriptedPolicy
 from trajlake.collect.rollout import RunErrors, collect, episode_id, run_errors
 from trajlake.collect.summary import run_summary
 from trajlake.collect.templates import get_template
-from trajlake.store import Lake, TrajlakeError
+from trajlake.errors import TrajlakeError
+from trajlake.store import Lake
 
 # ---- resume after SIGKILL ---------------------------------------------------------------------------
 CHILD = textwrap.dedent("""

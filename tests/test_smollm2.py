@@ -14,7 +14,7 @@ import sys
 import pytest
 
 from trajlake.collect import models_smollm2 as ms
-from trajlake.store.errors import TrajlakeError
+from trajlake.errors import TrajlakeError
 
 
 def installed(name: str) -> bool:

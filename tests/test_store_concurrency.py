@@ -144,7 +144,8 @@ def test_processes_share_a_multi_process_catalog(lake_uri):
 OPENER = """
 import json, sys
 from trajlake.schemas import Episode
-from trajlake.store import Lake, LakeLockedError
+from trajlake.store import Lake
+from trajlake.errors import LakeLockedError
 
 try:
     lake = Lake.open(sys.argv[1])

@@ -6,9 +6,9 @@ from __future__ import annotations
 
 import pytest
 
+from trajlake.errors import SchemaError, TrajlakeError
 from trajlake.schemas import Episode, Turn
-from trajlake.store import Lake, TrajlakeError
-from trajlake.store.errors import SchemaError
+from trajlake.store import Lake
 
 COUNTS = "SELECT episode_id, turn, num_prompt_tokens, num_response_tokens FROM turns ORDER BY episode_id, turn"
 

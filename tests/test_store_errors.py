@@ -6,8 +6,9 @@ import polars as pl
 import pyarrow as pa
 import pytest
 
+from trajlake.errors import SchemaError, TrajlakeError
 from trajlake.schemas import TABLES, Episode, Task, Turn
-from trajlake.store import Lake, SchemaError, TrajlakeError
+from trajlake.store import Lake
 
 
 def state(lake: Lake) -> tuple[int, tuple]:

@@ -12,8 +12,9 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
+from trajlake.errors import SnapshotError, TrajlakeError
 from trajlake.schemas import Episode, Turn
-from trajlake.store import Lake, SnapshotError, TrajlakeError
+from trajlake.store import Lake
 
 CONTENT = "SELECT episode_id, num_turns, status FROM episodes ORDER BY episode_id"
 

@@ -9,8 +9,9 @@ import shutil
 import pytest
 
 from trajlake.cli import main
+from trajlake.errors import TrajlakeError
 from trajlake.schemas import Episode, Turn
-from trajlake.store import Lake, TrajlakeError
+from trajlake.store import Lake
 from trajlake.store.attach import check_read_only
 
 #: statement -> what the one-line error names

@@ -17,6 +17,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from trajlake.errors import SnapshotError, TrajlakeError
 from trajlake.schemas import (
     RECORD_TYPES,
     TABLES,
@@ -29,7 +30,7 @@ from trajlake.schemas import (
     to_table,
 )
 from trajlake.schemas.tables import LOGPROBS, TIMESTAMP, TOKEN_IDS, is_json
-from trajlake.store import Lake, SnapshotError, TrajlakeError
+from trajlake.store import Lake
 from trajlake.store.validate import conform
 
 EXAMPLES = settings(

@@ -13,8 +13,9 @@ from pathlib import Path
 
 import pytest
 
+from trajlake.errors import CatalogError, TrajlakeError
 from trajlake.schemas import Episode, Turn
-from trajlake.store import CatalogError, Lake, TrajlakeError, extensions, objectstore, parse_uri
+from trajlake.store import Lake, extensions, objectstore, parse_uri
 
 HTTPFS = importlib.util.find_spec("duckdb_extension_httpfs") is not None
 CONTENT = "SELECT episode_id, num_turns, status FROM episodes ORDER BY episode_id"

@@ -19,8 +19,8 @@ import pytest
 
 from trajlake.collect.envs import SPLITS, registry, thirdparty_base
 from trajlake.collect.envs import thirdparty as tp
+from trajlake.errors import TrajlakeError
 from trajlake.schemas.records import Task
-from trajlake.store.errors import TrajlakeError
 
 REASON = "needs the envs extra: pip install 'trajlake[envs]'"
 TEXTARENA = [tp.TowerOfHanoiEnv, tp.GuessTheNumberEnv, tp.FrozenLakeEnv, tp.MinesweeperEnv, tp.SudokuEnv]

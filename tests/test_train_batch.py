@@ -8,13 +8,14 @@ import random
 import pytest
 import torch
 
-from tests.test_train_helpers import SYSTEM, tiny_model_dir
+from tests.helpers import SYSTEM, tiny_model_dir
 from trajlake.collect.chat import full_sequence
 from trajlake.collect.config import CollectConfig
 from trajlake.collect.rollout import collect
+from trajlake.errors import TrajlakeError
 from trajlake.rewards import default_spec
 from trajlake.rewards.score import score
-from trajlake.store import Lake, TrajlakeError
+from trajlake.store import Lake
 from trajlake.train.batch import collate, load_episodes, micro_batches, padding_waste, shard
 
 

@@ -8,11 +8,12 @@ import json
 
 import pytest
 
-from tests.test_train_helpers import SYSTEM, small_cfg, tiny_model_dir
+from tests.helpers import SYSTEM, small_cfg, tiny_model_dir
 from trajlake.cli import main
 from trajlake.collect.config import CollectConfig
 from trajlake.collect.rollout import collect
-from trajlake.store import Lake, TrajlakeError
+from trajlake.errors import TrajlakeError
+from trajlake.store import Lake
 from trajlake.train.config import RESUMABLE_FIELDS, RUN_FIELDS, ConfigError, TrainConfig
 from trajlake.train.loop import train
 

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from tests.test_train_helpers import tiny_model_dir, varied_spec
+from tests.helpers import tiny_model_dir, varied_spec
 
 ROOT = Path(__file__).resolve().parents[1]
 DIST_VARS = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_SIZE", "MASTER_ADDR", "MASTER_PORT")
@@ -23,7 +23,7 @@ pytestmark = pytest.mark.slow
 STEP = """
 import json, os, sys
 import torch
-from tests.test_train_helpers import flat_params, small_cfg, synthetic
+from tests.helpers import flat_params, small_cfg, synthetic
 from trajlake.train import engine as E
 from trajlake.train.algos import make_kl_controller
 from trajlake.train.batch import collate

@@ -9,7 +9,7 @@ import random
 import pytest
 import torch
 
-from tests.test_train_helpers import flat_params, small_cfg, tiny_model_dir
+from tests.helpers import flat_params, small_cfg, tiny_model_dir
 from trajlake.train import engine as E
 from trajlake.train import steps as S
 from trajlake.train.algos import make_kl_controller

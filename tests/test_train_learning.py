@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.test_train_helpers import small_cfg, tiny_model_dir
+from tests.helpers import small_cfg, tiny_model_dir
 from trajlake.collect.config import CollectConfig
 from trajlake.collect.rollout import collect
 from trajlake.store import Lake

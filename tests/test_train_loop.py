@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from tests.test_train_helpers import SYSTEM, small_cfg, tiny_model_dir, varied_spec
+from tests.helpers import SYSTEM, small_cfg, tiny_model_dir, varied_spec
 from trajlake.collect.config import CollectConfig
 from trajlake.collect.rollout import collect
 from trajlake.store import Lake
@@ -115,7 +115,7 @@ import os, signal, sys
 import trajlake.rewards
 from trajlake.store import Lake
 from trajlake.train import checkpoint, loop
-from tests.test_train_helpers import small_cfg
+from tests.helpers import small_cfg
 real = checkpoint.commit
 def commit(lake, **kw):
     if kw["step"] == 2:  # after iteration 2 collected, trained and saved its checkpoint, before recording it
@@ -192,7 +192,7 @@ def test_iterations_rotate_through_the_split_and_run_names_a_checkpoint(model, l
 
 
 def test_an_iteration_whose_rollouts_all_hit_env_errors_fails_and_a_restart_retries_them(model, lake, flaky_env):
-    from trajlake.store import TrajlakeError
+    from trajlake.errors import TrajlakeError
 
     cfg = small_cfg(model, env="test-flaky", run_id="tf", tasks=2, samples=2, iterations=1, minibatch_size=4,
                     micro_batch=4, eval_every=0)

@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from tests.test_train_helpers import flat_params, small_cfg, synthetic, tiny_model_dir
-from trajlake.store import TrajlakeError
+from tests.helpers import flat_params, small_cfg, synthetic, tiny_model_dir
+from trajlake.errors import TrajlakeError
 from trajlake.train import engine as E
 from trajlake.train.algos import make_kl_controller
 from trajlake.train.batch import collate

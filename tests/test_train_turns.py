@@ -9,10 +9,11 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from tests.test_train_helpers import small_cfg, varied_spec
+from tests.helpers import small_cfg, varied_spec
 from trajlake.collect.config import CollectConfig
 from trajlake.collect.rollout import collect
-from trajlake.store import Lake, TrajlakeError
+from trajlake.errors import TrajlakeError
+from trajlake.store import Lake
 from trajlake.train.algos_turns import observation_key
 from trajlake.train.batch import collate, load_episodes
 from trajlake.train.config import ConfigError

@@ -7,8 +7,9 @@ from pathlib import Path
 
 import pytest
 
+from trajlake.errors import CatalogError
 from trajlake.schemas import Episode
-from trajlake.store import CatalogError, Lake, parse_uri
+from trajlake.store import Lake, parse_uri
 from trajlake.store.uri import ENV_VAR
 
 

@@ -42,10 +42,12 @@ written afresh; multi-turn masking is done by skipping rather than by resetting.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Hashable, Iterable, Sequence
+from collections.abc import Hashable, Iterable, Sequence
 from typing import Any
 
 import torch
+
+from trajlake.registry import Registry, UnknownNameError
 
 __all__ = [
     "Registry", "UnknownNameError",
@@ -66,51 +68,6 @@ LOG_RATIO_CLAMP = 20.0
 
 
 # ----------------------------------------------------------------------------------------------- registries
-
-
-class UnknownNameError(KeyError, ValueError):
-    """An unknown name was asked of a registry; the message lists the valid names."""
-
-    def __str__(self) -> str:  # KeyError would print the repr of the message
-        return str(self.args[0]) if self.args else ""
-
-
-class Registry(dict):
-    """A dict of functions keyed by name, filled with the :meth:`register` decorator.
-
-    ``registry[name]`` raises :class:`UnknownNameError` listing the valid names (aliases included).
-    """
-
-    def __init__(self, kind: str):
-        super().__init__()
-        self.kind = kind
-
-    def register(self, name: str, *aliases: str) -> Callable[[Any], Any]:
-        """Decorator: register the function (or class) under ``name`` and any ``aliases``."""
-
-        def deco(fn):
-            for n in (name, *aliases):
-                if n in self:
-                    raise ValueError(f"{self.kind} {n!r} is already registered")
-                dict.__setitem__(self, n, fn)
-            return fn
-
-        return deco
-
-    def __getitem__(self, name: str):
-        try:
-            return dict.__getitem__(self, name)
-        except (KeyError, TypeError):
-            raise UnknownNameError(
-                f"unknown {self.kind} {name!r}; valid names: {', '.join(sorted(self))}"
-            ) from None
-
-    def get(self, name, default=None):  # noqa: D102 - dict.get, kept for completeness
-        return dict.get(self, name, default)
-
-    def names(self) -> list[str]:
-        """The registered names (aliases included), sorted."""
-        return sorted(self)
 
 
 ADVANTAGES = Registry("advantage estimator")

@@ -21,8 +21,8 @@ from dataclasses import dataclass, field
 
 import torch
 
-from trajlake.store import Lake, TrajlakeError
-from trajlake.store.errors import SnapshotError
+from trajlake.errors import SnapshotError, TrajlakeError
+from trajlake.store import Lake
 from trajlake.train.turn_structure import step_keys_from_observations, turn_index_from_lengths
 
 EPISODES_SQL = """

@@ -15,21 +15,20 @@ from __future__ import annotations
 import json
 import math
 from dataclasses import dataclass
-from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
+from trajlake.clock import utc_now
+from trajlake.errors import TrajlakeError
 from trajlake.schemas import Policy as PolicyRow
 from trajlake.schemas import TrainStep
-from trajlake.store import Lake, TrajlakeError
+from trajlake.store import Lake
 from trajlake.train import engine as E
 
 STATE_FILE = "trainer_state.json"
 DS_DIR = "deepspeed"
 
 
-def now() -> datetime:
-    return datetime.now(timezone.utc)
 
 
 def policy_id_for(run_id: str, step: int) -> str:
@@ -98,7 +97,7 @@ def commit(lake: Lake, *, run_id: str, step: int, metrics: dict[str, Any], snaps
 
 def policy_row(*, run_id: str, step: int, path: Path, base_model: str, parent: str | None) -> PolicyRow:
     return PolicyRow(policy_id_for(run_id, step), run_id=run_id, step=step, base_model=base_model,
-                     checkpoint_uri=str(path), parent_policy_id=parent, created_at=now())
+                     checkpoint_uri=str(path), parent_policy_id=parent, created_at=utc_now())
 
 
 @dataclass(frozen=True)

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from trajlake.config_types import check_field_types
-from trajlake.store.errors import TrajlakeError
+from trajlake.errors import TrajlakeError
 from trajlake.train.algos import ADVANTAGES, AGG_MODES, KL_CONTROLLERS, KL_ESTIMATORS, POLICY_LOSSES, VALUE_LOSSES
 from trajlake.train.algos_turns import TURN_BASELINES
 

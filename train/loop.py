@@ -17,14 +17,16 @@ import json
 import time
 import uuid
 from dataclasses import dataclass, field
-from datetime import datetime, timezone
 from typing import Any
 
 import torch
 
+from trajlake.clock import utc_now
 from trajlake.collect.config import describe_differences
+from trajlake.errors import TrajlakeError
 from trajlake.schemas import Run
-from trajlake.store import Lake, TrajlakeError
+from trajlake.sql_text import sql_str
+from trajlake.store import Lake
 from trajlake.train import checkpoint as C
 from trajlake.train import engine as E
 from trajlake.train.algos import make_kl_controller
@@ -45,12 +47,8 @@ class RunResult:
     history: list[dict[str, Any]] = field(default_factory=list)
 
 
-def _sql_str(s: str) -> str:
-    return "'" + s.replace("'", "''") + "'"
 
 
-def _now() -> datetime:
-    return datetime.now(timezone.utc)
 
 
 class _Run:
@@ -68,7 +66,7 @@ class _Run:
         if self.main and lake is None:
             raise TrajlakeError("rank 0 needs the lake")
         self.lake = lake if self.main else None
-        rid = config.run_id or f"{kind}-{_now():%Y%m%d-%H%M%S}-{uuid.uuid4().hex[:6]}"
+        rid = config.run_id or f"{kind}-{utc_now():%Y%m%d-%H%M%S}-{uuid.uuid4().hex[:6]}"
 
         def resolve():
             try:
@@ -97,10 +95,10 @@ class _Run:
             config["reward_spec_id"] = self.spec_id  # what `reward_spec` held
         rows: dict[str, list] = {}
         if self.stored is None:
-            rows["runs"] = [Run(self.run_id, "train", config=config, status="running", started_at=_now())]
+            rows["runs"] = [Run(self.run_id, "train", config=config, status="running", started_at=utc_now())]
         if self.new_row:  # already stored for a restart: the append then skips it and writes nothing
             rows["policies"] = [C.PolicyRow(self.start_pid, run_id=self.run_id, base_model=self.base,
-                                            checkpoint_uri=self.start_path, created_at=_now())]
+                                            checkpoint_uri=self.start_path, created_at=utc_now())]
         if rows:
             self.lake.append(rows, stage="train", run_id=self.run_id, message=f"train: start run {self.run_id}")
         if self.stored is not None:
@@ -144,7 +142,7 @@ class _Run:
 
     def finish(self, status: str) -> None:
         if self.main:
-            self.lake.update("runs", {"run_id": self.run_id}, {"status": status, "finished_at": _now()},
+            self.lake.update("runs", {"run_id": self.run_id}, {"status": status, "finished_at": utc_now()},
                              stage="train", run_id=self.run_id)
 
 
@@ -286,7 +284,7 @@ def train(config: TrainConfig, lake: Lake | None) -> RunResult:
                     crun = _collect(r, engines, r.policy_id, r.model_path, run_id=f"{r.run_id}/it-{it + 1}",
                                     split=c.split, tasks=c.tasks, samples=c.samples, temperature=c.temperature,
                                     seed=c.seed + it, task_offset=it * c.tasks if c.rotate_tasks else 0)
-                    where = f"run_id = {_sql_str(crun)}"
+                    where = f"run_id = {sql_str(crun)}"
                     score(r.lake, spec, where=where, run_id=r.run_id)
                     snap = r.lake.current_snapshot()
                     payload = (snap, load_episodes(r.lake, where, snapshot=snap, spec_id=spec.spec_id))

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 import torch
 
-from trajlake.store import TrajlakeError
+from trajlake.errors import TrajlakeError
 from trajlake.train import engine as E
 from trajlake.train.algos import ADVANTAGES, POLICY_LOSSES, VALUE_LOSSES, aggregate, apply_kl_penalty, kl_penalty
 from trajlake.train.algos_turns import TURN_INPUTS

@@ -23,7 +23,7 @@ from pathlib import Path
 
 import requests
 
-from trajlake.store.errors import TrajlakeError
+from trajlake.errors import TrajlakeError
 
 #: Where the TextCraft server's source is looked for when no folder is given: $TRAJLAKE_TEXTCRAFT_SERVER, else
 #: the checkout's sibling ../shared/agentgym/agentenv-textcraft (this project's development layout).

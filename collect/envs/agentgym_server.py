@@ -39,8 +39,8 @@ from urllib.parse import parse_qs, urlsplit
 from trajlake.collect.envs import SPLITS, Env, make_env
 from trajlake.collect.envs.agentgym_presets import get_preset
 from trajlake.collect.envs.agentgym_protocol import Preset
+from trajlake.errors import TrajlakeError
 from trajlake.schemas.records import Task
-from trajlake.store.errors import TrajlakeError
 
 log = logging.getLogger(__name__)
 

@@ -18,7 +18,7 @@ from os import PathLike
 from pathlib import Path
 from typing import Any
 
-from trajlake.store.errors import TrajlakeError
+from trajlake.errors import TrajlakeError
 
 #: File kinds an importer reads, by extension.
 SUFFIXES = {".parquet": "parquet", ".json": "json", ".jsonl": "jsonl", ".ndjson": "jsonl"}

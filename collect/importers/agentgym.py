@@ -31,7 +31,6 @@ import json
 import re
 import uuid
 from collections.abc import Iterable, Mapping
-from datetime import datetime, timezone
 from os import PathLike
 from pathlib import Path
 from typing import Any
@@ -39,6 +38,7 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
+from trajlake.clock import utc_now
 from trajlake.collect.chat import ChatRenderer, tokenizer_fingerprint
 from trajlake.collect.importers import (
     ImportResult,
@@ -51,8 +51,8 @@ from trajlake.collect.importers import (
     resolve_files,
     stored_episode_ids,
 )
+from trajlake.errors import TrajlakeError
 from trajlake.schemas.records import Episode, Policy, Run, Task
-from trajlake.store.errors import TrajlakeError
 
 ROLES = {"human": "user", "user": "user", "gpt": "assistant", "assistant": "assistant", "system": "system"}
 NAMESPACE = uuid.uuid5(uuid.NAMESPACE_URL, "trajlake/import/agentgym")
@@ -130,7 +130,7 @@ def import_agentgym(
             _tokenize(renderer, new[start:start + _TOKENIZE_BATCH])
             bar.advance(tokenizing, len(new[start:start + _TOKENIZE_BATCH]))
         writing = bar.add_task("writing", total=len(new))
-        now = datetime.now(timezone.utc)
+        now = utc_now()
         config = {
             "importer": "agentgym", "tokenizer": tok_name, "tokenizer_fingerprint": tok_fp,
             "files": [{"path": str(p.resolve()), "sha256": s, "rows": len(r)} for p, s, r in sources],
@@ -165,7 +165,7 @@ def import_agentgym(
     status = lake.query("SELECT status FROM runs WHERE run_id = ?", [run_id])["status"].to_list()
     if status and status != ["finished"]:  # a new run, or one an interrupted import left "running"
         snap = lake.update(
-            "runs", {"run_id": run_id}, {"status": "finished", "finished_at": datetime.now(timezone.utc)},
+            "runs", {"run_id": run_id}, {"status": "finished", "finished_at": utc_now()},
             stage="import", run_id=run_id, message=f"import: run {run_id} finished",
         )
         if snap is not None:

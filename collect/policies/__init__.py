@@ -17,7 +17,7 @@ from typing import Any
 
 from trajlake.collect.policies.base import Generation, Policy, Request, SamplingParams
 from trajlake.collect.templates import ActionTemplate
-from trajlake.store.errors import TrajlakeError
+from trajlake.errors import TrajlakeError
 
 KINDS = ("hf", "vllm", "openai", "scripted", "policy")
 

@@ -42,7 +42,7 @@ import torch
 
 from trajlake.collect.policies.base import Generation, Policy, Request, SamplingParams
 from trajlake.collect.policies.kv_slots import KVStore, common_prefix, make_cache_classes
-from trajlake.store.errors import TrajlakeError
+from trajlake.errors import TrajlakeError
 
 #: default bound of the memory kept for cached episodes that are not being answered (the rows of a batch
 #: always fit, whatever this says)

@@ -13,7 +13,7 @@ from trajlake.collect.envs import make_env
 from trajlake.collect.envs.base import Expert
 from trajlake.collect.policies.base import Generation, Policy, Request, SamplingParams
 from trajlake.collect.templates import ActionTemplate
-from trajlake.store.errors import TrajlakeError
+from trajlake.errors import TrajlakeError
 
 NOISE_OPTIONS = ("noise",)
 

@@ -11,7 +11,7 @@ import os
 from pathlib import Path
 
 from trajlake.collect.policies.base import Generation, Policy, Request, SamplingParams
-from trajlake.store.errors import TrajlakeError
+from trajlake.errors import TrajlakeError
 
 
 def vllm_available() -> str | None:

@@ -1,4 +1,4 @@
-"""Errors the store raises. Every one carries a message a user can act on."""
+"""Errors trajlake reports. Every one carries a message a user can act on (the CLI prints it as one line)."""
 
 
 class TrajlakeError(Exception):
