@@ -14,7 +14,10 @@ from typing import Optional
 import typer
 
 from trajlake import display
+from trajlake.cli_options import rollout_options
+from trajlake.collect.config import CollectConfig
 from trajlake.errors import TrajlakeError
+from trajlake.evaluate.run import EvalConfig
 from trajlake.store import Lake
 
 app = typer.Typer(
@@ -122,49 +125,31 @@ def maintain(
 
 
 @app.command()
+@rollout_options(CollectConfig, required=("env",))
 def collect(
-    env: str = typer.Option(..., "--env", help="Env name (see `trajlake envs`); agentgym/NAME with --env-url."),
     policy: str = typer.Option(..., "--policy", help="hf:PATH, vllm:PATH, openai:URL#MODEL, scripted:ENV, policy:ID"),
-    split: str = typer.Option("train", "--split"),
     tasks: int = typer.Option(32, "--tasks", help="How many tasks of the split."),
     task_offset: int = typer.Option(0, "--task-offset", help="Skip this many tasks of the split first."),
     samples: int = typer.Option(1, "--samples", help="Samples per task (a GRPO group)."),
-    difficulty: Optional[int] = typer.Option(None, "--difficulty"),
-    max_turns: int = typer.Option(10, "--max-turns"),
     run_id: Optional[str] = typer.Option(None, "--run-id", help="Resume this run, or name a new one."),
     workers: int = typer.Option(0, "--workers", help="Ray actors stepping envs (0: in-process)."),
-    concurrency: int = typer.Option(32, "--concurrency", help="Live episodes per batched generate call."),
-    temperature: float = typer.Option(1.0, "--temperature"),
-    top_p: float = typer.Option(1.0, "--top-p"),
-    max_new_tokens: int = typer.Option(48, "--max-new-tokens"),
-    template: Optional[str] = typer.Option(
-        None, "--template", help="think_action, action, react or plain [default: the env's; react for agentgym/*]."),
-    system_prompt: Optional[str] = typer.Option(
-        None, "--system-prompt", help="System message [default: built from the env and the template]."),
     tokenizer: Optional[str] = typer.Option(None, "--tokenizer", help="Tokenizer for text policies."),
     seed: int = typer.Option(0, "--seed"),
-    env_url: Optional[str] = typer.Option(None, "--env-url", help="AgentGym server URL (with --env agentgym/NAME)."),
     env_variant: Optional[str] = typer.Option(
         None, "--env-variant", help="With --env agentgym: the environment NAME [default: told by the server]."),
+    rollout: Optional[dict] = None,
 ) -> None:
     """Play episodes with a policy and store them, token for token. The same --run-id resumes a run (with the
     settings it was started with), retrying the episodes that ended in an env error; a run whose every episode
     ended in one is marked failed and exits 1."""
-    from trajlake.collect.config import CollectConfig
     from trajlake.collect.envs.agentgym_client import resolve_env_name
     from trajlake.collect.policies import resolve_policy_spec
     from trajlake.collect.rollout import collect as run_collect
     from trajlake.collect.summary import errors_line, print_summary
 
-    env = resolve_env_name(env, env_url, env_variant)
-    env_kwargs = {"url": env_url} if env_url else {}
-    config = CollectConfig(
-        env=env, policy=policy, split=split, tasks=tasks, task_offset=task_offset, samples=samples,
-        difficulty=difficulty, system_prompt=system_prompt,
-        max_turns=max_turns, run_id=run_id, workers=workers, concurrency=concurrency, temperature=temperature,
-        top_p=top_p, max_new_tokens=max_new_tokens, template=template, tokenizer=tokenizer, seed=seed,
-        env_kwargs=env_kwargs,
-    )
+    rollout["env"] = resolve_env_name(rollout["env"], rollout["env_url"], env_variant)
+    config = CollectConfig(**rollout, policy=policy, tasks=tasks, task_offset=task_offset, samples=samples,
+                           run_id=run_id, workers=workers, tokenizer=tokenizer, seed=seed)
     with open_lake() as lake:
         config = dataclasses.replace(config, policy=resolve_policy_spec(lake, policy))
         rid = run_collect(config, lake)  # a run whose every episode hit an env error raises (exit 1)
@@ -267,39 +252,29 @@ def train(
 
 
 @app.command()
+@rollout_options(EvalConfig, required=("env",))
 def evaluate(
     policy: list[str] = typer.Option(..., "--policy", help="Policy spec to evaluate; repeat to compare several."),
-    env: str = typer.Option(..., "--env", help="Env to play (see `trajlake envs`)."),
-    split: str = typer.Option("test", "--split", help="Held-out split."),
     tasks: int = typer.Option(50, "--tasks"),
     samples: int = typer.Option(1, "--samples", help="Samples per task (pass@k needs k <= samples)."),
     greedy: bool = typer.Option(False, "--greedy", help="Greedy decoding (needs --samples 1)."),
-    temperature: float = typer.Option(1.0, "--temperature"),
-    difficulty: Optional[int] = typer.Option(None, "--difficulty"),
-    max_turns: int = typer.Option(10, "--max-turns"),
-    max_new_tokens: int = typer.Option(48, "--max-new-tokens"),
-    template: Optional[str] = typer.Option(
-        None, "--template", help="The template the policy was trained with [default: the env's]."),
-    system_prompt: Optional[str] = typer.Option(None, "--system-prompt"),
     tokenizer: Optional[str] = typer.Option(None, "--tokenizer", help="Tokenizer for text policies."),
     spec: Optional[Path] = typer.Option(None, "--spec", help="Reward spec for the reward columns."),
     k: list[int] = typer.Option([1], "--k", help="pass@k values (repeatable); --samples is always added."),
     seed: int = typer.Option(0, "--seed"),
-    env_url: Optional[str] = typer.Option(None, "--env-url", help="AgentGym server URL (with --env agentgym/NAME)."),
+    rollout: Optional[dict] = None,
 ) -> None:
     """Play held-out tasks with each policy, store them (run kind eval) and report success, pass@k, reward,
-    turns, format errors and tokens per episode, per env and difficulty, with 95% intervals."""
+    turns, format errors and tokens per episode, per env and difficulty, with 95% intervals. Play them as the
+    policy was trained: the same --template and --system-prompt."""
     import polars as pl
 
     from trajlake.collect.envs.agentgym_client import resolve_env_name
     from trajlake.evaluate.metrics import format_summary
-    from trajlake.evaluate.run import EvalConfig
     from trajlake.evaluate.run import evaluate as run_eval
 
-    cfg = EvalConfig(policies=tuple(policy), env=resolve_env_name(env, env_url), env_url=env_url, split=split,
-                     tasks=tasks, samples=samples, greedy=greedy,
-                     temperature=temperature, difficulty=difficulty, max_turns=max_turns,
-                     max_new_tokens=max_new_tokens, template=template, system_prompt=system_prompt,
+    rollout["env"] = resolve_env_name(rollout["env"], rollout["env_url"])
+    cfg = EvalConfig(**rollout, policies=tuple(policy), tasks=tasks, samples=samples, greedy=greedy,
                      tokenizer=tokenizer, spec=str(spec) if spec else None, ks=tuple(k), seed=seed)
     with open_lake() as lake:
         result = run_eval(cfg, lake)

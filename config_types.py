@@ -84,3 +84,22 @@ def _describe(hint: Any) -> str:
 
 def _plural(hint: Any) -> str:
     return {int: "integers", float: "numbers", str: "strings", bool: "booleans"}.get(hint, _describe(hint))
+
+
+def field_docs(cls: type) -> dict[str, str]:
+    """Each dataclass field's docstring (the string literal after it in the class body), from `cls` and its
+    bases: the one text that documents a field, shown as the CLI's help too."""
+    import ast
+    import inspect
+    import textwrap
+
+    docs: dict[str, str] = {}
+    for klass in reversed(cls.__mro__):
+        if not dataclasses.is_dataclass(klass):
+            continue
+        body = ast.parse(textwrap.dedent(inspect.getsource(klass))).body[0].body
+        for node, nxt in zip(body, body[1:] + [None], strict=True):
+            if (isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name) and isinstance(nxt, ast.Expr)
+                    and isinstance(nxt.value, ast.Constant) and isinstance(nxt.value.value, str)):
+                docs[node.target.id] = " ".join(nxt.value.value.split())
+    return docs

@@ -1,10 +1,12 @@
-"""The collect stage's configuration: one dataclass, every field documented, checked at construction."""
+"""How episodes are played (`RolloutConfig`, shared by collect, train and evaluate) and the collect stage's
+configuration (`CollectConfig`): dataclasses, every field documented once, checked at construction."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from dataclasses import asdict, dataclass, field
-from typing import Any
+from typing import Any, ClassVar
 
 from trajlake.collect.templates import TEMPLATES
 from trajlake.config_types import check_field_types
@@ -15,55 +17,129 @@ TRUNCATION = ("stop",)
 FORMAT_FALLBACKS = ("raw", "empty")
 
 
-@dataclass(frozen=True)
-class CollectConfig:
-    """What `trajlake collect` plays, with what, and how it stores it."""
+@dataclass(frozen=True, kw_only=True)
+class RolloutConfig:
+    """How an episode is played: the env, its tasks' split and level, the prompt and template, sampling, the
+    turn and context limits, and how many episodes play at once. Declared once here and inherited by
+    CollectConfig, TrainConfig (the rollouts) and EvalConfig, with one set of defaults (EvalConfig plays the
+    test split by default); `rollout_fields(config)` hands them on, and the CLI's options and help come from
+    these fields."""
 
-    env: str
-    """Registered env name (`trajlake envs` lists them); an AgentGym server's env (`agentgym/NAME`) needs its URL
-    in `env_kwargs["url"]`."""
-    policy: str
-    """Policy spec: hf:PATH, vllm:PATH, openai:URL#MODEL, scripted:ENV or policy:ID."""
+    #: how this config's errors begin, and their type (subclasses set them)
+    config_name: ClassVar[str] = "rollout config"
+    error_type: ClassVar[type[TrajlakeError]] = TrajlakeError
+
+    env: str = "doors"
+    """Env to play (`trajlake envs` lists them); `agentgym/NAME` plays the AgentGym server at `env_url`."""
+    env_url: str | None = None
+    """URL of the AgentGym env server an `agentgym/NAME` env plays (e.g. http://127.0.0.1:36001)."""
     split: str = "train"
     """Task split: train, val or test."""
-    tasks: int = 32
-    """How many tasks of the split to play (the first N after `task_offset`, difficulties interleaved)."""
-    task_offset: int = 0
-    """Skip this many tasks of the split first (the train loop moves on through the split every iteration)."""
-    samples: int = 1
-    """Samples per task (K); the K episodes of a task share a group_id (GRPO groups)."""
     difficulty: int | None = None
     """Only tasks of this difficulty (None: all difficulties interleaved)."""
     max_turns: int = 10
     """Turn cap per episode; an episode that reaches it is stored with status `truncated`."""
-    run_id: str | None = None
-    """Run id; restarting with the same id resumes: it plays the (task, sample) pairs not stored yet and retries
-    those whose every stored episode ended in an env error. The other fields that define the run (RUN_FIELDS)
-    must then be the ones it was started with."""
-    concurrency: int = 32
-    """Live episodes at once: each turn their prompts go to the policy in one batched call."""
-    workers: int = 0
-    """Ray actors stepping envs (0: in-process for built-in envs, a thread pool for HTTP envs)."""
+    template: str | None = None
+    """Action template the agent replies in: think_action, action, react or plain; None: the env's own default
+    (react for AgentGym's servers, as AgentGym's agents reply; think_action for the others)."""
+    system_prompt: str | None = None
+    """System message; None builds one from the env's description, actions and the template."""
     temperature: float = 1.0
     """Sampling temperature; 0 is greedy."""
     top_p: float = 1.0
     """Nucleus sampling mass."""
     max_new_tokens: int = 48
     """Reply length cap in tokens."""
-    seed: int = 0
-    """Seeds the policy's sampler (reproducible runs; samples of one task still differ)."""
-    template: str | None = None
-    """Action template the agent replies in: think_action, action, react or plain; None: the env's own default
-    (react for AgentGym's servers, as AgentGym's agents reply; think_action for the others)."""
-    on_format_error: str = "raw"
-    """What the env gets for a reply without a valid action: `raw` (the whole reply) or `empty`."""
     max_context_tokens: int = 2048
     """Context budget: prompt tokens of an episode's whole history plus the next reply."""
     truncation: str = "stop"
     """What happens past the budget: `stop` ends the episode as `truncated` (no history is dropped, so the
     stored tokens stay exactly what the model saw)."""
-    system_prompt: str | None = None
-    """System message; None builds one from the env's description, actions and the template."""
+    on_format_error: str = "raw"
+    """What the env gets for a reply without a valid action: `raw` (the whole reply) or `empty`."""
+    concurrency: int = 32
+    """Live episodes at once: each turn their prompts go to the policy in one batched call."""
+
+    def __post_init__(self):
+        check_field_types(self, self.config_name, self.error_type)  # first: the checks below compare values
+        from trajlake.collect.envs.base import SPLITS
+
+        checks = [
+            (self.split in SPLITS, f"split must be one of {', '.join(SPLITS)}, got {self.split!r}"),
+            (self.max_turns >= 1, f"max_turns must be >= 1, got {self.max_turns}"),
+            (self.concurrency >= 1, f"concurrency must be >= 1, got {self.concurrency}"),
+            (self.template is None or self.template in TEMPLATES,
+             f"unknown template {self.template!r}; valid: {', '.join(TEMPLATES)}"),
+            (self.truncation in TRUNCATION, f"unknown truncation {self.truncation!r}; valid: {TRUNCATION}"),
+            (self.on_format_error in FORMAT_FALLBACKS,
+             f"unknown on_format_error {self.on_format_error!r}; valid: {FORMAT_FALLBACKS}"),
+            (self.max_context_tokens > self.max_new_tokens,
+             f"max_context_tokens ({self.max_context_tokens}) must exceed max_new_tokens ({self.max_new_tokens})"),
+            (self.temperature >= 0, f"temperature must be >= 0, got {self.temperature}"),
+            (0 < self.top_p <= 1, f"top_p must be in (0, 1], got {self.top_p}"),
+            (self.max_new_tokens >= 1, f"max_new_tokens must be >= 1, got {self.max_new_tokens}"),
+        ]
+        for ok, message in checks:
+            if not ok:
+                raise self.error_type(f"{self.config_name}: {message}")
+        env_cls = self.env_class
+        if self.difficulty is not None and env_cls.max_steps and self.difficulty not in env_cls.max_steps:
+            raise self.error_type(f"{self.config_name}: difficulty {self.difficulty} is not a level of env {self.env}; "
+                                  f"valid: {', '.join(map(str, sorted(env_cls.max_steps)))}")
+
+    @property
+    def env_class(self):
+        """The registered class of `env` (an unknown name is this config's error, listing the valid ones)."""
+        from trajlake.collect.envs import env_class
+
+        try:
+            return env_class(self.env)
+        except KeyError as e:
+            raise self.error_type(f"{self.config_name}: {e.args[0]}") from None
+
+    def check_env_url(self) -> None:
+        """An env that plays an AgentGym server needs its URL."""
+        if self.env_class.remote and not self.env_url:
+            raise self.error_type(f"{self.config_name}: env {self.env} plays an AgentGym server: give its URL "
+                                  "(--env-url URL)")
+
+    @property
+    def template_name(self) -> str:
+        """The template played with: `template`, else the env's default."""
+        return self.template or self.env_class.default_template
+
+
+ROLLOUT_FIELDS = tuple(f.name for f in dataclasses.fields(RolloutConfig))
+
+
+def rollout_fields(config: RolloutConfig, **changes: Any) -> dict[str, Any]:
+    """The RolloutConfig fields of `config` (a collect, train or eval config), with `changes`: what one stage
+    hands the collect runs it makes."""
+    return {**{name: getattr(config, name) for name in ROLLOUT_FIELDS}, **changes}
+
+
+@dataclass(frozen=True, kw_only=True)
+class CollectConfig(RolloutConfig):
+    """What `trajlake collect` plays, with what, and how it stores it (how each episode plays: RolloutConfig)."""
+
+    config_name: ClassVar[str] = "collect config"
+
+    policy: str
+    """Policy spec: hf:PATH, vllm:PATH, openai:URL#MODEL, scripted:ENV or policy:ID."""
+    tasks: int = 32
+    """How many tasks of the split to play (the first N after `task_offset`, difficulties interleaved)."""
+    task_offset: int = 0
+    """Skip this many tasks of the split first (the train loop moves on through the split every iteration)."""
+    samples: int = 1
+    """Samples per task (K); the K episodes of a task share a group_id (GRPO groups)."""
+    run_id: str | None = None
+    """Run id; restarting with the same id resumes: it plays the (task, sample) pairs not stored yet and retries
+    those whose every stored episode ended in an env error. The other fields that define the run (RUN_FIELDS)
+    must then be the ones it was started with."""
+    workers: int = 0
+    """Ray actors stepping envs (0: in-process for built-in envs, a thread pool for HTTP envs)."""
+    seed: int = 0
+    """Seeds the policy's sampler (reproducible runs; samples of one task still differ)."""
     tokenizer: str | None = None
     """Tokenizer folder for text policies (scripted, openai): their replies are stored under it."""
     chunk_turns: int = 1000
@@ -71,7 +147,7 @@ class CollectConfig:
     chunk_seconds: float = 30.0
     """...or once this many seconds passed since the last write."""
     env_kwargs: dict[str, Any] = field(default_factory=dict)
-    """Extra arguments for the env's constructor (`url` for an AgentGym server's env)."""
+    """Extra arguments for the env's constructor (the server's URL is `env_url`)."""
     progress: bool = True
     """Show a progress bar and a summary table."""
     run_kind: str = "collect"
@@ -80,35 +156,21 @@ class CollectConfig:
     """The run this one belongs to (a train run for its rollouts and evals), recorded in `runs`."""
 
     def __post_init__(self):
-        check_field_types(self, "collect config")  # a wrong type names its field before any comparison fails
+        super().__post_init__()
         checks = [
             (self.tasks >= 1, f"tasks must be >= 1, got {self.tasks}"),
             (self.task_offset >= 0, f"task_offset must be >= 0, got {self.task_offset}"),
             (self.run_kind in RUN_KINDS, f"unknown run_kind {self.run_kind!r}; valid: {', '.join(RUN_KINDS)}"),
             (self.samples >= 1, f"samples must be >= 1, got {self.samples}"),
-            (self.max_turns >= 1, f"max_turns must be >= 1, got {self.max_turns}"),
-            (self.concurrency >= 1, f"concurrency must be >= 1, got {self.concurrency}"),
             (self.workers >= 0, f"workers must be >= 0, got {self.workers}"),
-            (self.template is None or self.template in TEMPLATES,
-             f"unknown template {self.template!r}; valid: {', '.join(TEMPLATES)}"),
-            (self.truncation in TRUNCATION, f"unknown truncation {self.truncation!r}; valid: {TRUNCATION}"),
-            (self.on_format_error in FORMAT_FALLBACKS,
-             f"unknown on_format_error {self.on_format_error!r}; valid: {FORMAT_FALLBACKS}"),
-            (self.max_context_tokens > self.max_new_tokens,
-             f"max_context_tokens ({self.max_context_tokens}) must exceed max_new_tokens ({self.max_new_tokens})"),
             (self.chunk_turns >= 1, f"chunk_turns must be >= 1, got {self.chunk_turns}"),
             (self.chunk_seconds > 0, f"chunk_seconds must be > 0, got {self.chunk_seconds}"),
-            (self.temperature >= 0, f"temperature must be >= 0, got {self.temperature}"),
-            (0 < self.top_p <= 1, f"top_p must be in (0, 1], got {self.top_p}"),
-            (self.max_new_tokens >= 1, f"max_new_tokens must be >= 1, got {self.max_new_tokens}"),
+            ("url" not in self.env_kwargs, "the env server's URL is env_url, not env_kwargs['url']"),
         ]
         for ok, message in checks:
             if not ok:
                 raise TrajlakeError(f"collect config: {message}")
-        env_cls = _env_class(self.env)
-        if env_cls.remote and not self.env_kwargs.get("url"):
-            raise TrajlakeError(f"collect config: env {self.env} plays an AgentGym server: give its URL "
-                                "(--env-url URL)")
+        self.check_env_url()
         if self.policy.startswith(("scripted", "openai:")) and not self.tokenizer:
             raise TrajlakeError(
                 f"collect config: policy {self.policy!r} replies in text; give tokenizer=PATH (the model whose "
@@ -116,9 +178,9 @@ class CollectConfig:
             )
 
     @property
-    def template_name(self) -> str:
-        """The template played with: `template`, else the env's default."""
-        return self.template or _env_class(self.env).default_template
+    def env_args(self) -> dict[str, Any]:
+        """The env constructor's arguments: `env_kwargs`, and the server's `url` when `env_url` is set."""
+        return {**self.env_kwargs, **({"url": self.env_url} if self.env_url else {})}
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -137,7 +199,7 @@ class CollectConfig:
                 continue
             old, new = stored[name], given[name]
             if name == "template":  # None plays the env's default: compare the templates actually played
-                default = _env_class(self.env).default_template
+                default = self.env_class.default_template
                 old, new = old or default, new or default
             if name == "env_kwargs":
                 old = {k: v for k, v in (old or {}).items() if k not in OPERATIONAL_ENV_KWARGS}
@@ -145,15 +207,6 @@ class CollectConfig:
             if old != new:
                 out.append((name, old, new))
         return out
-
-
-def _env_class(name: str):
-    from trajlake.collect.envs import env_class
-
-    try:
-        return env_class(name)
-    except KeyError as e:
-        raise TrajlakeError(f"collect config: {e.args[0]}") from None
 
 
 # What makes a run the run it is. A run id names one set of episodes, and its `runs.config` row says how they
@@ -170,7 +223,7 @@ RUN_FIELDS = ("env", "env_kwargs", "policy", "split", "tasks", "task_offset", "s
               "truncation", "system_prompt", "tokenizer", "run_kind", "parent_run_id")
 # How a run is carried out, not what it plays: these may differ on every restart (fewer live episodes on a
 # smaller machine, Ray workers or none, other chunk sizes, no progress bar), and the run id is the key itself.
-OPERATIONAL_FIELDS = ("run_id", "concurrency", "workers", "chunk_turns", "chunk_seconds", "progress")
+OPERATIONAL_FIELDS = ("run_id", "env_url", "concurrency", "workers", "chunk_turns", "chunk_seconds", "progress")
 # env_kwargs of an env server's client that say where the server is and how patiently to call it, not which env
 # it serves: a server restarted elsewhere (another port or host) still serves the same tasks. (Which AgentGym
 # environment it is, `agentgym/NAME`, is the env itself, and stays part of the run.)

@@ -122,8 +122,8 @@ class _Live:
 def make_env_factory(config: CollectConfig):
     from trajlake.collect.envs import make_env
 
-    make_env(config.env, **config.env_kwargs)  # fail now, with the list of envs, if the name is wrong
-    return lambda: make_env(config.env, **config.env_kwargs)
+    make_env(config.env, **config.env_args)  # fail now, with the list of envs, if the name is wrong
+    return lambda: make_env(config.env, **config.env_args)
 
 
 def system_prompt(env: Any, template) -> str:

@@ -14,51 +14,38 @@ first episode is played, so an evaluation refused for its second policy stores n
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 from dataclasses import asdict, dataclass, field
+from typing import ClassVar
 
 import polars as pl
 
-from trajlake.config_types import check_field_types
+from trajlake.collect.config import RolloutConfig, rollout_fields
 from trajlake.errors import TrajlakeError
 from trajlake.evaluate.metrics import summarize
 from trajlake.sql_text import sql_list
 from trajlake.store import Lake
 
 
-@dataclass(frozen=True)
-class EvalConfig:
-    """What `trajlake evaluate` plays and how it scores it."""
+@dataclass(frozen=True, kw_only=True)
+class EvalConfig(RolloutConfig):
+    """What `trajlake evaluate` plays and how it scores it (how each episode plays: RolloutConfig). Use the
+    template and system prompt the policy was trained with."""
+
+    config_name: ClassVar[str] = "evaluate"
 
     policies: tuple[str, ...]
     """Policy specs to compare: hf:PATH, policy:ID, run:RUN_ID (a train run's last checkpoint), scripted:ENV..."""
-    env: str
-    """Env to play (`trajlake envs`); `agentgym/NAME` plays the AgentGym server at `env_url`."""
-    env_url: str | None = None
-    """URL of the AgentGym env server an `agentgym/NAME` env plays."""
     split: str = "test"
-    """Held-out split: test (or val)."""
+    """Held-out split: test (or val). (RolloutConfig's field, with the held-out default.)"""
     tasks: int = 50
     """Tasks of the split (the first N at the difficulty)."""
     samples: int = 1
     """Samples per task; pass@k needs samples >= k."""
     greedy: bool = False
     """Greedy decoding (temperature 0); then samples must be 1 (greedy samples would all be the same)."""
-    temperature: float = 1.0
-    """Sampling temperature when not greedy."""
-    top_p: float = 1.0
-    """Nucleus sampling mass when not greedy."""
-    difficulty: int | None = None
-    """Only tasks of this difficulty (None: all, interleaved; the summary then has a row per difficulty)."""
-    max_turns: int = 10
-    """Turn cap per episode."""
-    max_new_tokens: int = 48
-    """Reply length cap per turn."""
-    template: str | None = None
-    """Action template (collect.templates); use the one the policy was trained with. None: the env's default."""
-    system_prompt: str | None = None
-    """System message (None: built from the env and the template); use the one the policy was trained with."""
     tokenizer: str | None = None
     """Tokenizer folder for text policies (scripted, openai)."""
     spec: str | None = None
@@ -70,13 +57,11 @@ class EvalConfig:
     """Two-sided level of the confidence intervals."""
     seed: int = 0
     """Sampler seed."""
-    concurrency: int = 32
-    """Live episodes per batched generate call."""
     progress: bool = True
     """Show progress bars."""
 
     def __post_init__(self):
-        check_field_types(self, "evaluate")  # first: the checks below compare values
+        super().__post_init__()  # types first, then RolloutConfig's checks
         too_big = sorted(k for k in self.ks if k > self.samples)  # refused, not skipped: the user asked for them
         big, listed = max(too_big, default=0), ", ".join(map(str, too_big))
         checks = [
@@ -113,11 +98,19 @@ class EvalResult:
     notes: list[str] = field(default_factory=list)
 
 
+#: settings EvalConfig gained (from RolloutConfig) after eval run ids were first made
+_SINCE_IDS = ("max_context_tokens", "truncation", "on_format_error")
+_ROLLOUT_DEFAULTS = {f.name: f.default for f in dataclasses.fields(RolloutConfig)}
+
+
 def eval_run_id(config: EvalConfig, policy: str) -> str:
     """`eval-<env>-<split>-<hash>`: the same policy evaluated the same way gets the same run (and its
     stored episodes) back."""
     settings = {k: v for k, v in asdict(config).items() if k not in ("policies", "progress", "concurrency", "ks",
                                                                      "confidence", "spec", "env_url")}
+    for name in _SINCE_IDS:  # at their defaults they change no episode: ids made before they existed still match
+        if settings[name] == _ROLLOUT_DEFAULTS[name]:
+            del settings[name]
     digest = hashlib.sha256(json.dumps([policy, settings], sort_keys=True).encode()).hexdigest()[:12]
     return f"eval-{config.env}-{config.split}-{digest}"
 
@@ -136,18 +129,23 @@ WHERE e.run_id IN (SELECT unnest(?::VARCHAR[]))
 """
 
 
-def _collect_config(config: EvalConfig, policy: str, run_id: str):
-    """The collect run that plays `policy` for this evaluation (checks the env, template and tokenizer)."""
+def eval_collect_config(config: EvalConfig, policy: str, run_id: str, *, parent_run_id: str | None = None):
+    """The collect run that plays `policy` for this evaluation (checks the env, template and tokenizer); a train
+    run's held-out evals are made here too, as runs of the train run (`parent_run_id`)."""
     from trajlake.collect.config import CollectConfig
 
-    return CollectConfig(env=config.env, env_kwargs={"url": config.env_url} if config.env_url else {}, policy=policy,
-                         split=config.split, tasks=config.tasks,
-                         samples=config.samples, difficulty=config.difficulty, max_turns=config.max_turns,
-                         run_id=run_id, concurrency=config.concurrency,
-                         temperature=0.0 if config.greedy else config.temperature, top_p=config.top_p,
-                         max_new_tokens=config.max_new_tokens, template=config.template,
-                         system_prompt=config.system_prompt, tokenizer=config.tokenizer, seed=config.seed,
-                         progress=config.progress, run_kind="eval")
+    return CollectConfig(**rollout_fields(config, temperature=0.0 if config.greedy else config.temperature),
+                         policy=policy, tasks=config.tasks, samples=config.samples, run_id=run_id,
+                         tokenizer=config.tokenizer, seed=config.seed, progress=config.progress, run_kind="eval",
+                         parent_run_id=parent_run_id)
+
+
+def success_rate(lake: Lake, run_id: str) -> dict[str, float]:
+    """`eval_success` and `eval_env_reward` of an eval run: the means over its episodes that did not end in an
+    env error (those say nothing of the policy)."""
+    row = lake.query("SELECT avg(success::INT) AS s, avg(env_reward) AS e FROM episodes WHERE run_id = ? "
+                     "AND status IS DISTINCT FROM 'error'", [run_id]).to_dicts()[0]
+    return {"eval_success": float(row["s"] or 0.0), "eval_env_reward": float(row["e"] or 0.0)}
 
 
 def _play(cc, lake: Lake) -> None:
@@ -174,7 +172,7 @@ def evaluate(config: EvalConfig, lake: Lake) -> EvalResult:
     for p in config.policies:  # every check before the first episode: a bad later policy must leave no trace
         resolved = resolve_policy_spec(lake, p)
         runs[p] = eval_run_id(config, resolved)
-        cc = _collect_config(config, resolved, runs[p])
+        cc = eval_collect_config(config, resolved, runs[p])
         check_policy_spec(resolved, env=cc.env, lake=lake, tokenizer_path=config.tokenizer)
         stored_run(lake, cc)  # a stored run of this id played otherwise is refused (collect's RUN_FIELDS)
         plays.append(cc)

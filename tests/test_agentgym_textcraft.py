@@ -129,7 +129,7 @@ def own_server():
 
 def test_collect_with_a_real_model_on_the_real_server(own_server, tiny, tmp_path):
     with Lake.open(str(tmp_path / "lake")) as lake:
-        run_id = collect(cfg(env="agentgym/textcraft", env_kwargs={"url": own_server}, policy=f"hf:{tiny}", tasks=3,
+        run_id = collect(cfg(env="agentgym/textcraft", env_url=own_server, policy=f"hf:{tiny}", tasks=3,
                              samples=2, max_turns=3, max_new_tokens=12, concurrency=4, run_id="tiny-tc"), lake)
         eps = episodes_of(lake, run_id)
         assert eps.height == 6 and set(eps["status"]) <= {"ok", "truncated"}, eps["error"].to_list()
@@ -221,7 +221,7 @@ def test_a_killed_real_server_loses_nothing_and_a_resume_retries_what_failed(tin
                 run_id="killed", env_kwargs={"retries": 0, "connect_timeout": 1.0})
     with Lake.open(str(tmp_path / "lake")) as lake:
         with textcraft_server() as server:
-            config = cfg(**{**base, "env_kwargs": {**base["env_kwargs"], "url": server.url}})
+            config = cfg(**{**base, "env_url": server.url})
             collect(config, lake, policy=_KillsTheServer(server.process, load_tokenizer(tiny)[0]))
         eps = episodes_of(lake, "killed")
         errors = eps.filter(eps["status"] == "error")
@@ -229,7 +229,7 @@ def test_a_killed_real_server_loses_nothing_and_a_resume_retries_what_failed(tin
         assert all("cannot connect" in e for e in errors["error"])
         # the server is back (on another port): the same run id plays exactly the failed pairs again
         with textcraft_server() as server:
-            config = cfg(**{**base, "env_kwargs": {**base["env_kwargs"], "url": server.url}})
+            config = cfg(**{**base, "env_url": server.url})
             assert collect(config, lake) == "killed"
         after = episodes_of(lake, "killed")
         assert after.height == 6 + errors.height  # the failed attempts stay as history

@@ -118,7 +118,7 @@ def test_agentgym_server_killed_mid_run(tiny, shared):
     lake = shared
     server = serve_env("guess", split="train")
     try:
-        config = cfg(env="agentgym/trajlake", env_kwargs={"url": server.url}, policy="scripted:guess",
+        config = cfg(env="agentgym/trajlake", env_url=server.url, policy="scripted:guess",
                      tokenizer=str(tiny), tasks=8, concurrency=3, max_turns=10)
         policy = _ServerKiller(server, load_tokenizer(tiny)[0])
         run_id = collect(config, lake, policy=policy)
@@ -147,7 +147,7 @@ def test_agentgym_server_killed_mid_run(tiny, shared):
     # the errored pairs, under new episode ids, and keeps the failed attempts as history
     server = serve_env("guess", split="train")
     try:
-        resumed = collect(replace(config, run_id=run_id, env_kwargs={"url": server.url}), lake)
+        resumed = collect(replace(config, run_id=run_id, env_url=server.url), lake)
     finally:
         server.stop()
     assert resumed == run_id
@@ -175,7 +175,7 @@ def test_agentgym_remote_env_plays_like_the_builtin_one(tiny, shared):
     lake = shared
     server = serve_env("doors", split="train")
     try:
-        remote = collect(cfg(env="agentgym/trajlake", env_kwargs={"url": server.url}, policy="scripted:doors",
+        remote = collect(cfg(env="agentgym/trajlake", env_url=server.url, policy="scripted:doors",
                              tokenizer=str(tiny), tasks=4, run_id="remote"), lake)
     finally:
         server.stop()
@@ -197,7 +197,7 @@ def test_agentgym_unreachable_server_at_start_is_a_clear_error(tiny, untouched):
     with socket.socket() as s:  # a port nobody listens on
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    config = cfg(env="agentgym/trajlake", env_kwargs={"url": f"http://127.0.0.1:{port}", "retries": 0},
+    config = cfg(env="agentgym/trajlake", env_url=f"http://127.0.0.1:{port}", env_kwargs={"retries": 0},
                  policy="scripted:guess", tokenizer=str(tiny), tasks=2)
     with pytest.raises(TrajlakeError, match="cannot connect"):
         collect(config, untouched)  # the task list itself comes from the server: nothing to play
@@ -362,10 +362,15 @@ def test_every_config_field_is_run_defining_or_operational():
     names = [f.name for f in fields(CollectConfig)]
     assert sorted(RUN_FIELDS + OPERATIONAL_FIELDS) == sorted(names), "a new CollectConfig field needs a side"
     remote = cfg(env="agentgym/trajlake", policy="scripted:guess", tokenizer="x",
-                 env_kwargs={"url": "http://127.0.0.1:1"})
+                 env_url="http://127.0.0.1:1")
     stored = json.loads(json.dumps(remote.to_dict()))
-    moved = {"url": "http://10.0.0.2:8000", "retries": 5, "timeout": 60}
-    assert replace(remote, env_kwargs=moved, concurrency=4, workers=2).differences(stored) == []
+    moved = {"retries": 5, "timeout": 60}
+    assert replace(remote, env_url="http://10.0.0.2:8000", env_kwargs=moved, concurrency=4,
+                   workers=2).differences(stored) == []
+    # a run stored before env_url existed kept the URL in env_kwargs: still the same run
+    old = {**stored, "env_kwargs": {"url": "http://127.0.0.1:1"}}
+    del old["env_url"]
+    assert remote.differences(old) == []
     assert replace(remote, env="agentgym/textcraft").differences(stored) == [
         ("env", "agentgym/trajlake", "agentgym/textcraft")]
     # an unset template plays the env's default: naming that default on a resume is the same run

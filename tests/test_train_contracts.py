@@ -111,16 +111,16 @@ def test_an_sft_filter_is_one_expression_not_a_statement(lake, model):
 
 
 def test_a_grpo_run_refused_before_training_writes_nothing(lake, model, tmp_path):
-    """The reward spec is checked against the advantage, and the rollouts' settings against collect's rules,
-    before the run row is written."""
+    """The reward spec is checked against the advantage before the run row is written."""
     spec = tmp_path / "disc.toml"
     spec.write_text('name = "disc"\n[allocation]\nstrategy = "discounted"\n[[components]]\nkind = "sql"\n'
                     'expr = "1.0"\n')
     cfg = small_cfg(model, run_id="g1", advantage="gigpo", reward_spec=str(spec), tasks=2, samples=2,
                     minibatch_size=4, micro_batch=4)
     refused(lake, cfg, "train config: advantage gigpo discounts across turns itself")
-    # the rollouts' collect settings pass collect's own checks before the run row is written, too
-    refused(lake, cfg.replace(reward_spec=None, max_new_tokens=2048), "must exceed max_new_tokens (2048)")
+    # the rollouts' settings are collect's own (RolloutConfig), checked when the config is made
+    with pytest.raises(ConfigError, match=r"^train config: max_context_tokens \(2048\) must exceed max_new_tokens"):
+        cfg.replace(reward_spec=None, max_new_tokens=2048)
 
 
 # ---- run contracts ------------------------------------------------------------------------------------

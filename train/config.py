@@ -15,9 +15,9 @@ import json
 import tomllib
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
-from trajlake.config_types import check_field_types
+from trajlake.collect.config import RolloutConfig
 from trajlake.errors import TrajlakeError
 from trajlake.train.algos import ADVANTAGES, AGG_MODES, KL_CONTROLLERS, KL_ESTIMATORS, POLICY_LOSSES, VALUE_LOSSES
 from trajlake.train.algos_turns import TURN_BASELINES
@@ -36,8 +36,8 @@ class ConfigError(TrajlakeError):
     """A train config is invalid; the message says which field and what to do."""
 
 
-@dataclass(frozen=True)
-class TrainConfig:
+@dataclass(frozen=True, kw_only=True)
+class TrainConfig(RolloutConfig):
     """What `trajlake train` trains, on what data, and how.
 
     A run id is one run: restarting it resumes from its last checkpoint, and only with the settings it was
@@ -46,7 +46,13 @@ class TrainConfig:
     `sft_steps` (extend a run; never below the steps it has done), `env_url`, `concurrency`, `micro_batch`,
     `grad_accum`, `checkpoint_dir`, `save_optimizer`, `checkpoint_every`, `log_every`, `eval_every` and
     `progress`. The run's `runs.config` then records the values of the latest restart.
+
+    How the rollouts (and the held-out evals) play is RolloutConfig's fields (env, split, template, sampling,
+    turns...), inherited; `temperature` must be > 0 here (log-probs in training use logits / temperature too).
     """
+
+    config_name: ClassVar[str] = "train config"
+    error_type: ClassVar[type[TrajlakeError]] = ConfigError
 
     # ---- what and from where -----------------------------------------------------------------------
     model: str
@@ -62,15 +68,7 @@ class TrainConfig:
     seed: int = 0
     """Seeds torch, the minibatch shuffles and the rollout sampler (iteration i samples with seed + i)."""
 
-    # ---- rollouts ------------------------------------------------------------------------------------
-    env: str = "doors"
-    """Env to play (`trajlake envs`); `agentgym/NAME` plays the AgentGym server at `env_url`."""
-    env_url: str | None = None
-    """URL of the AgentGym env server an `agentgym/NAME` env plays (e.g. http://127.0.0.1:36001)."""
-    split: str = "train"
-    """Task split trained on (train, val or test)."""
-    difficulty: int | None = None
-    """Only tasks of this difficulty (None: all interleaved)."""
+    # ---- rollouts (and RolloutConfig's fields) --------------------------------------------------------
     tasks: int = 16
     """Tasks per iteration."""
     rotate_tasks: bool = True
@@ -80,21 +78,6 @@ class TrainConfig:
     """Samples per task: the group size K of GRPO (>= 2 for grpo, else every advantage is 0)."""
     iterations: int = 10
     """Iterations (collect -> score -> update -> checkpoint) of grpo/ppo."""
-    max_turns: int = 6
-    """Turn cap per episode."""
-    template: str | None = None
-    """Action template the agent replies in (see collect.templates); None: the env's default (react for
-    AgentGym's servers, think_action for the others)."""
-    temperature: float = 1.0
-    """Sampling temperature of the rollouts (> 0); log-probs in training use logits / temperature too."""
-    top_p: float = 1.0
-    """Nucleus sampling mass of the rollouts."""
-    max_new_tokens: int = 48
-    """Reply length cap per turn."""
-    system_prompt: str | None = None
-    """System message of the rollouts; None: built from the env's description, actions and the template."""
-    concurrency: int = 64
-    """Episodes played at once (one batched generate call per turn)."""
     reward_spec: str | None = None
     """Reward spec TOML; None: the built-in default spec (rewards/specs/default.toml)."""
     eval_every: int = 0
@@ -205,9 +188,8 @@ class TrainConfig:
     """Show a progress bar with the main metrics."""
 
     def __post_init__(self):
-        check_field_types(self, "train config", ConfigError)  # first: the checks below compare values
+        super().__post_init__()  # types first, then RolloutConfig's checks
         from trajlake.collect.envs.base import SPLITS
-        from trajlake.collect.templates import TEMPLATES
 
         adv = self.advantage or DEFAULT_ADVANTAGE.get(self.algo, "grpo")
         checks = [
@@ -228,15 +210,10 @@ class TrainConfig:
              f"unknown kl_controller {self.kl_controller!r}; valid: {', '.join(KL_CONTROLLERS.names())}"),
             (self.value_loss in VALUE_LOSSES,
              f"unknown value_loss {self.value_loss!r}; valid: {', '.join(VALUE_LOSSES.names())}"),
-            (self.tasks >= 1 and self.samples >= 1 and self.iterations >= 0 and self.max_turns >= 1,
-             "tasks, samples and max_turns must be >= 1 and iterations >= 0"),
+            (self.tasks >= 1 and self.samples >= 1 and self.iterations >= 0,
+             "tasks and samples must be >= 1 and iterations >= 0"),
             (self.temperature > 0, f"temperature must be > 0 for training rollouts, got {self.temperature}"),
-            (0 < self.top_p <= 1, f"top_p must be in (0, 1], got {self.top_p}"),
-            (self.split in SPLITS and self.eval_split in SPLITS,
-             f"split and eval_split must be one of {', '.join(SPLITS)}, got {self.split!r} and {self.eval_split!r}"),
-            (self.template is None or self.template in TEMPLATES,
-             f"unknown template {self.template!r}; valid: {', '.join(TEMPLATES)}"),
-            (self.max_new_tokens >= 1, f"max_new_tokens must be >= 1, got {self.max_new_tokens}"),
+            (self.eval_split in SPLITS, f"eval_split must be one of {', '.join(SPLITS)}, got {self.eval_split!r}"),
             (self.lr > 0 and self.critic_lr > 0, "lr and critic_lr must be > 0"),
             (self.epochs >= 1, f"epochs must be >= 1, got {self.epochs}"),
             (self.micro_batch >= 1, f"micro_batch must be >= 1, got {self.micro_batch}"),
@@ -282,20 +259,10 @@ class TrainConfig:
                               f"got {self.samples}")
 
     def _check_env(self) -> None:
-        """The env exists, and one that plays an AgentGym server has its URL wherever episodes are played."""
-        from trajlake.collect.envs import env_class
-
-        try:
-            cls = env_class(self.env)
-        except KeyError as e:
-            raise ConfigError(f"train config: {e.args[0]}") from None
-        if self.difficulty is not None and cls.max_steps and self.difficulty not in cls.max_steps:
-            raise ConfigError(f"train config: difficulty {self.difficulty} is not a level of env {self.env}; valid: "
-                              f"{', '.join(map(str, sorted(cls.max_steps)))}")
-        plays = self.algo != "sft" or self.eval_every > 0
-        if cls.remote and plays and not self.env_url:
-            raise ConfigError(f"train config: env {self.env} plays an AgentGym server: set env_url (or --env-url "
-                              "URL)")
+        """An env that plays an AgentGym server has its URL wherever episodes are played (SFT without evals
+        plays none)."""
+        if self.algo != "sft" or self.eval_every > 0:
+            self.check_env_url()
 
     # ---- derived ------------------------------------------------------------------------------------
     @property

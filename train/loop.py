@@ -196,31 +196,40 @@ def _in_memory_policy(engines: E.Engines, policy_id: str, path: str):
                     device=str(E.device()))
 
 
-def _collect_config(r: _Run, policy_id: str, *, run_id: str, split: str, tasks: int, samples: int,
-                    temperature: float, seed: int, task_offset: int = 0, kind: str = "collect"):
-    """The CollectConfig of a collect run of this train run (collect's own checks run on it)."""
-    from trajlake.collect.config import CollectConfig
+def _rollout_config(r: _Run, policy_id: str, it: int):
+    """The collect run of iteration `it` (from 0) of this train run (collect's own checks run on it): the
+    train config's rollout settings, sampled with seed + it, on the next `tasks` tasks of the split."""
+    from trajlake.collect.config import CollectConfig, rollout_fields
 
     c = r.cfg
-    return CollectConfig(env=c.env, env_kwargs={"url": c.env_url} if c.env_url else {}, policy=f"policy:{policy_id}",
-                         split=split, tasks=tasks, task_offset=task_offset, samples=samples,
-                         difficulty=c.difficulty, max_turns=c.max_turns, run_id=run_id,
-                         concurrency=min(c.concurrency, tasks * samples), temperature=temperature, top_p=c.top_p,
-                         max_new_tokens=c.max_new_tokens, seed=seed, template=c.template,
-                         system_prompt=c.system_prompt, progress=False, run_kind=kind, parent_run_id=r.run_id)
+    return CollectConfig(**rollout_fields(c, concurrency=min(c.concurrency, c.tasks * c.samples)),
+                         policy=f"policy:{policy_id}", tasks=c.tasks, samples=c.samples, seed=c.seed + it,
+                         task_offset=it * c.tasks if c.rotate_tasks else 0, run_id=f"{r.run_id}/it-{it + 1}",
+                         progress=False, run_kind="collect", parent_run_id=r.run_id)
 
 
-def _collect(r: _Run, engines: E.Engines, policy_id: str, path: str, *, run_id: str, **settings: Any) -> str:
-    """Rank 0 plays episodes with the actor into the store; returns the collect run id."""
+def _eval_config(r: _Run, policy_id: str, step: int):
+    """The collect run of a held-out eval of this train run, made by evaluate's own code: greedy, one sample
+    of `eval_tasks` tasks of `eval_split`, played as the rollouts are."""
+    from trajlake.collect.config import rollout_fields
+    from trajlake.evaluate.run import EvalConfig, eval_collect_config
+
+    c, policy = r.cfg, f"policy:{policy_id}"
+    ec = EvalConfig(**rollout_fields(c, split=c.eval_split, concurrency=min(c.concurrency, c.eval_tasks)),
+                    policies=(policy,), tasks=c.eval_tasks, greedy=True, seed=c.seed, progress=False)
+    return eval_collect_config(ec, policy, f"{r.run_id}/eval-{step}", parent_run_id=r.run_id)
+
+
+def _collect(r: _Run, engines: E.Engines, policy_id: str, path: str, cc) -> str:
+    """Rank 0 plays the collect run `cc` with the actor into the store; returns its run id."""
     from trajlake.collect.rollout import EnvErrorsOnly, collect
 
-    cc = _collect_config(r, policy_id, run_id=run_id, **settings)
     policy = _in_memory_policy(engines, policy_id, path)
     engines.actor.eval()
     try:
         return collect(cc, r.lake, policy=policy)
     except EnvErrorsOnly as e:  # a restart of the train run re-collects (and so retries) this run
-        raise TrajlakeError(f"train run {r.run_id}: collect run {run_id} failed: {e.what}; re-run the train run "
+        raise TrajlakeError(f"train run {r.run_id}: collect run {cc.run_id} failed: {e.what}; re-run the train run "
                             f"(--run-id {r.run_id}) once the env works") from None
     finally:
         if policy is not None:
@@ -229,13 +238,11 @@ def _collect(r: _Run, engines: E.Engines, policy_id: str, path: str, *, run_id: 
 
 def evaluate(r: _Run, engines: E.Engines, policy_id: str, path: str, step: int) -> dict[str, float]:
     """Greedy episodes on held-out tasks (rank 0); success rate and mean env reward, on every rank."""
+    from trajlake.evaluate.run import success_rate
+
     out = None
     if r.main:
-        rid = _collect(r, engines, policy_id, path, run_id=f"{r.run_id}/eval-{step}", split=r.cfg.eval_split,
-                       tasks=r.cfg.eval_tasks, samples=1, temperature=0.0, seed=r.cfg.seed, kind="eval")
-        row = r.lake.query("SELECT avg(success::INT) AS s, avg(env_reward) AS e FROM episodes WHERE run_id = ? "
-                           "AND status IS DISTINCT FROM 'error'", [rid]).to_dicts()[0]  # env errors say nothing
-        out = {"eval_success": float(row["s"] or 0.0), "eval_env_reward": float(row["e"] or 0.0)}
+        out = success_rate(r.lake, _collect(r, engines, policy_id, path, _eval_config(r, policy_id, step)))
     return E.broadcast(out)
 
 
@@ -251,11 +258,9 @@ def train(config: TrainConfig, lake: Lake | None) -> RunResult:
     r = _Run(config, lake, "train", spec_id=spec.spec_id)
 
     def check_collect() -> None:  # collect's own checks of the rollouts' and evals' settings, before any write
-        _collect_config(r, r.policy_id, run_id=f"{r.run_id}/it-1", split=c.split, tasks=c.tasks, samples=c.samples,
-                        temperature=c.temperature, seed=c.seed)
+        _rollout_config(r, r.policy_id, 0)
         if c.eval_every:
-            _collect_config(r, r.policy_id, run_id=f"{r.run_id}/eval-0", split=c.eval_split, tasks=c.eval_tasks,
-                            samples=1, temperature=0.0, seed=c.seed, kind="eval")
+            _eval_config(r, r.policy_id, 0)
 
     on_main(r.main, check_collect)
     if c.advantage_name in TURN_INPUTS and spec.allocation.strategy == "discounted":
@@ -281,9 +286,7 @@ def train(config: TrainConfig, lake: Lake | None) -> RunResult:
                 t0 = time.perf_counter()
                 payload = None
                 if r.main:
-                    crun = _collect(r, engines, r.policy_id, r.model_path, run_id=f"{r.run_id}/it-{it + 1}",
-                                    split=c.split, tasks=c.tasks, samples=c.samples, temperature=c.temperature,
-                                    seed=c.seed + it, task_offset=it * c.tasks if c.rotate_tasks else 0)
+                    crun = _collect(r, engines, r.policy_id, r.model_path, _rollout_config(r, r.policy_id, it))
                     where = f"run_id = {sql_str(crun)}"
                     score(r.lake, spec, where=where, run_id=r.run_id)
                     snap = r.lake.current_snapshot()
