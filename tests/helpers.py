@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import random
+import shutil
 from collections import Counter
 from pathlib import Path
 
@@ -13,6 +14,11 @@ import torch
 from trajlake.collect.chat import ChatRenderer, full_sequence
 from trajlake.collect.config import CollectConfig
 from trajlake.collect.models import build_tiny_model
+from trajlake.collect.policies.hf import HFPolicy
+from trajlake.collect.rollout import collect
+from trajlake.rewards import SPECS_DIR, default_spec, load_spec
+from trajlake.rewards.score import score
+from trajlake.schemas.records import Policy, Run, TrainStep
 from trajlake.store import Lake
 from trajlake.train.batch import EpisodeSeq
 from trajlake.train.config import TrainConfig
@@ -216,3 +222,63 @@ def synthetic(n: int, *, group_size: int = 2, seed: int = 0, scores=None, vocab:
 
 def flat_params(module: torch.nn.Module) -> torch.Tensor:
     return torch.cat([p.detach().float().reshape(-1).clone() for p in module.parameters()])
+
+
+#: the demo lake's scripted expert and its train run
+EXPERT = "scripted:doors"
+TRAIN_RUN = "train-demo"
+
+
+# ---- the demo lake of the cookbook and report tests (built once per session, on disk) -----------------
+def _build(path: Path, tiny: Path) -> None:
+    lake = Lake.open(str(path))
+    hf = HFPolicy(tiny)
+    tiny_id = hf.policy_id
+
+    def play(run_id: str, policy=None, **kw) -> None:
+        kw = {"env": "doors", "policy": EXPERT, "tokenizer": str(tiny), "progress": False, **kw}
+        if policy is not None:
+            kw.update(policy=f"hf:{tiny}", max_turns=kw.get("max_turns", 3), max_new_tokens=8)
+        collect(CollectConfig(run_id=run_id, **kw), lake, policy=policy)
+
+    try:
+        play("collect-expert", tasks=4)
+        play("collect-tiny", hf, tasks=2, max_turns=3)
+        play("eval-expert", split="test", tasks=3, temperature=0.0)
+        play(f"{TRAIN_RUN}/eval-2", hf, split="test", tasks=2, max_turns=2, temperature=0.0)
+    finally:
+        hf.close()
+    for run_id, parent in [("eval-expert", None), (f"{TRAIN_RUN}/eval-2", TRAIN_RUN)]:
+        lake.update("runs", {"run_id": run_id}, {"kind": "eval", "parent_run_id": parent}, stage="eval")
+    score(lake, default_spec())
+    score(lake, load_spec(SPECS_DIR / "goal-and-turns.toml"))
+
+    policies = [Policy(f"{TRAIN_RUN}/step-{s}", run_id=TRAIN_RUN, step=s,
+                       parent_policy_id=tiny_id if s == 1 else f"{TRAIN_RUN}/step-{s - 1}") for s in (1, 2)]
+    steps = [TrainStep(TRAIN_RUN, s, f"{TRAIN_RUN}/step-{s}" if s < 3 else None, 1,
+                       {"iteration": s, "episodes": 4, "reward_mean": 0.1 * s, "reward_std": 0.1,
+                        "success_mean": 0.25 * s, "kl": 0.01 * s, "entropy": 2.0 - 0.1 * s, "pg_clipfrac": 0.05,
+                        "grad_norm": 1.0, **({"eval_success": 0.5, "eval_env_reward": 0.5} if s == 2 else {})})
+             for s in (1, 2, 3)]
+    steps += [TrainStep("sft-demo", s, None, 1, {"step": s, "episodes": 4, "loss": 1.0 / s, "nll": 1.0 / s})
+              for s in (1, 2)]
+    lake.append({"runs": [Run(TRAIN_RUN, "train", status="finished"), Run("sft-demo", "train", status="finished")],
+                 "policies": policies, "train_steps": steps}, stage="train", run_id=TRAIN_RUN)
+    lake.close()
+
+
+def demo_lake_uri(tmp_path_factory) -> str:
+    """The demo lake's URI; built on the first call of the session (a few seconds)."""
+    path = tmp_path_factory.getbasetemp() / "cookbook-lake"
+    done = path / ".built"
+    if not done.is_file():
+        shutil.rmtree(path, ignore_errors=True)
+        tiny = tiny_model_dir(tmp_path_factory)
+        threads = torch.get_num_threads()
+        torch.set_num_threads(1)  # the tiny model is overhead-bound: one thread is faster on a busy machine
+        try:
+            _build(path, tiny)
+        finally:
+            torch.set_num_threads(threads)
+        done.touch()
+    return str(path)

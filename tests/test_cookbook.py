@@ -1,6 +1,6 @@
 """The SQL cookbook (docs/queries/*.sql): every file runs unchanged against a small real lake.
 
-The lake (`demo_lake_uri`, also used by tests/test_report.py) holds real episodes on doors: the scripted
+The lake (`demo_lake_uri`, tests/helpers.py; tests/test_report.py reads it too) holds real episodes on doors: the scripted
 expert (always succeeds) and the untrained tiny model (never writes a valid action: format errors), as
 collect runs and as eval runs (one of them a train run's child), scored under two reward specs, plus a GRPO
 and an SFT run's train_steps and a lineage of trained policies, all written through the store's own API.
@@ -8,25 +8,14 @@ and an SFT run's train_steps and a lineage of trained policies, all written thro
 
 from __future__ import annotations
 
-import shutil
 from pathlib import Path
 
 import pytest
-import torch
 
-from tests.helpers import tiny_model_dir
-from trajlake.collect.config import CollectConfig
-from trajlake.collect.policies.hf import HFPolicy
-from trajlake.collect.rollout import collect
-from trajlake.rewards import SPECS_DIR, default_spec, load_spec
-from trajlake.rewards.score import score
-from trajlake.schemas.records import Policy, Run, TrainStep
+from tests.helpers import EXPERT, TRAIN_RUN, demo_lake_uri
 from trajlake.store import Lake
 
 QUERIES = Path(__file__).resolve().parents[1] / "docs" / "queries"
-EXPERT = "scripted:doors"
-TRAIN_RUN = "train-demo"
-
 #: file -> the columns it returns, in order
 COLUMNS = {
     "success_by_env_policy": ["env", "split", "policy_id", "episodes", "success_rate", "mean_env_reward",
@@ -43,61 +32,6 @@ COLUMNS = {
     "policy_lineage": ["root_policy_id", "depth", "policy_id", "path", "episodes", "success_rate",
                        "mean_env_reward"],
 }
-
-
-# ---- the demo lake (built once per session, on disk; each module opens it) ------------------------------
-def _build(path: Path, tiny: Path) -> None:
-    lake = Lake.open(str(path))
-    hf = HFPolicy(tiny)
-    tiny_id = hf.policy_id
-
-    def play(run_id: str, policy=None, **kw) -> None:
-        kw = {"env": "doors", "policy": EXPERT, "tokenizer": str(tiny), "progress": False, **kw}
-        if policy is not None:
-            kw.update(policy=f"hf:{tiny}", max_turns=kw.get("max_turns", 3), max_new_tokens=8)
-        collect(CollectConfig(run_id=run_id, **kw), lake, policy=policy)
-
-    try:
-        play("collect-expert", tasks=4)
-        play("collect-tiny", hf, tasks=2, max_turns=3)
-        play("eval-expert", split="test", tasks=3, temperature=0.0)
-        play(f"{TRAIN_RUN}/eval-2", hf, split="test", tasks=2, max_turns=2, temperature=0.0)
-    finally:
-        hf.close()
-    for run_id, parent in [("eval-expert", None), (f"{TRAIN_RUN}/eval-2", TRAIN_RUN)]:
-        lake.update("runs", {"run_id": run_id}, {"kind": "eval", "parent_run_id": parent}, stage="eval")
-    score(lake, default_spec())
-    score(lake, load_spec(SPECS_DIR / "goal-and-turns.toml"))
-
-    policies = [Policy(f"{TRAIN_RUN}/step-{s}", run_id=TRAIN_RUN, step=s,
-                       parent_policy_id=tiny_id if s == 1 else f"{TRAIN_RUN}/step-{s - 1}") for s in (1, 2)]
-    steps = [TrainStep(TRAIN_RUN, s, f"{TRAIN_RUN}/step-{s}" if s < 3 else None, 1,
-                       {"iteration": s, "episodes": 4, "reward_mean": 0.1 * s, "reward_std": 0.1,
-                        "success_mean": 0.25 * s, "kl": 0.01 * s, "entropy": 2.0 - 0.1 * s, "pg_clipfrac": 0.05,
-                        "grad_norm": 1.0, **({"eval_success": 0.5, "eval_env_reward": 0.5} if s == 2 else {})})
-             for s in (1, 2, 3)]
-    steps += [TrainStep("sft-demo", s, None, 1, {"step": s, "episodes": 4, "loss": 1.0 / s, "nll": 1.0 / s})
-              for s in (1, 2)]
-    lake.append({"runs": [Run(TRAIN_RUN, "train", status="finished"), Run("sft-demo", "train", status="finished")],
-                 "policies": policies, "train_steps": steps}, stage="train", run_id=TRAIN_RUN)
-    lake.close()
-
-
-def demo_lake_uri(tmp_path_factory) -> str:
-    """The demo lake's URI; built on the first call of the session (a few seconds)."""
-    path = tmp_path_factory.getbasetemp() / "cookbook-lake"
-    done = path / ".built"
-    if not done.is_file():
-        shutil.rmtree(path, ignore_errors=True)
-        tiny = tiny_model_dir(tmp_path_factory)
-        threads = torch.get_num_threads()
-        torch.set_num_threads(1)  # the tiny model is overhead-bound: one thread is faster on a busy machine
-        try:
-            _build(path, tiny)
-        finally:
-            torch.set_num_threads(threads)
-        done.touch()
-    return str(path)
 
 
 @pytest.fixture(scope="module")
