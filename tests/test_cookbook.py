@@ -1,7 +1,7 @@
 """The SQL cookbook (docs/queries/*.sql): every file runs unchanged against a small real lake.
 
-The lake (`demo_lake_uri`, tests/helpers.py; tests/test_report.py reads it too) holds real episodes on doors: the scripted
-expert (always succeeds) and the untrained tiny model (never writes a valid action: format errors), as
+The lake (`demo_lake_uri`, tests/helpers.py; tests/test_report.py reads it too) holds real episodes on doors:
+the scripted expert (always succeeds) and the untrained tiny model (never writes a valid action: format errors), as
 collect runs and as eval runs (one of them a train run's child), scored under two reward specs, plus a GRPO
 and an SFT run's train_steps and a lineage of trained policies, all written through the store's own API.
 """
