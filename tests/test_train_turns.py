@@ -94,7 +94,7 @@ def test_a_discounting_spec_is_refused_with_a_turn_estimator(tiny, lake, tmp_pat
 def test_the_env_is_checked_when_the_config_is_made(tiny):
     with pytest.raises(ConfigError, match="train config: unknown env 'nope'; valid envs: "):
         small_cfg(tiny, env="nope")
-    with pytest.raises(ConfigError, match=r"env agentgym/textcraft plays an AgentGym server: give its URL \(--env-url URL\)"):
+    with pytest.raises(ConfigError, match=r"agentgym/textcraft plays an AgentGym server: give its URL \(--env-url"):
         small_cfg(tiny, env="agentgym/textcraft", difficulty=None)
     # SFT plays nothing (unless it evaluates), so its config needs no server
     small_cfg(tiny, algo="sft", env="agentgym/textcraft", difficulty=None, sft_filter="true")
