@@ -53,8 +53,6 @@ def _global(
 
 def open_lake(*, read_only: bool = False) -> Lake:
     """The --lake lake; read commands open it read-only (they never create or change a lake)."""
-    import trajlake.rewards  # noqa: F401 (registers the token_rewards view for queries)
-
     return Lake.open(State.lake_uri, read_only=read_only)
 
 

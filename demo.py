@@ -273,7 +273,6 @@ FROM train_steps WHERE run_id = ? AND step > 0 AND (step % ? = 0 OR step = 1) OR
 
 
 def run(cfg: DemoConfig) -> None:
-    import trajlake.rewards  # noqa: F401 (the token_rewards view)
     from trajlake.evaluate.report import build_report
 
     t0 = time.perf_counter()

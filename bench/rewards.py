@@ -341,7 +341,6 @@ def compare(lake, spec, query_alloc: pa.Table, python: dict) -> tuple[int, float
 
 def main(argv=None) -> int:
     args = parse_args(argv)
-    import trajlake.rewards  # noqa: F401 (registers the token_rewards view)
     from trajlake.rewards import parse_spec
     from trajlake.store import Lake
 

@@ -160,7 +160,6 @@ def _play(cc, lake: Lake) -> None:
 
 def evaluate(config: EvalConfig, lake: Lake) -> EvalResult:
     """Play (or reuse) an eval run per policy, score it, and summarise it."""
-    import trajlake.rewards  # noqa: F401 (registers the token_rewards view)
     from trajlake.collect.policies import check_policy_spec, resolve_policy_spec
     from trajlake.collect.rollout import stored_run
     from trajlake.rewards import default_spec, load_spec

@@ -25,18 +25,12 @@ import pyarrow as pa
 from trajlake.clock import utc_now
 from trajlake.errors import CatalogError, SnapshotError, TrajlakeError
 from trajlake.schemas.tables import TABLES, duckdb_type, table_def
+from trajlake.schemas.views import VIEWS
 from trajlake.store import extensions, objectstore
 from trajlake.store.attach import ALIAS, _attach, check_read_only
 from trajlake.store.uri import CatalogURI, parse_uri
 from trajlake.store.validate import conform
 
-#: Views other stages define over the tables (name -> SELECT over bare table names); see `register_view`.
-_VIEWS: dict[str, str] = {}
-
-
-def register_view(name: str, select_sql: str) -> None:
-    """Make `name` queryable in `Lake.query` as a view over the (possibly pinned) store tables."""
-    _VIEWS[name] = select_sql
 #: Rows per parquet row group of the lake's data files (DuckLake's default is 122,880). A turn carries about
 #: 500 token ids and as many list levels: DuckDB's parquet writer builds each row group's list levels in
 #: buffers that at 100k turns (about 200 MB) are fresh pages from the OS every time, which made ingest about
@@ -303,9 +297,9 @@ class Lake:
     ) -> pl.DataFrame | pa.Table:
         """Run `sql` over the store's tables (bare names: `episodes`, `turns`, ...).
 
-        With `snapshot`, every table is read as it was at that snapshot (and so is every registered view,
-        e.g. `token_rewards`). `tables` are extra Arrow tables the query may read by name. Returns polars or
-        Arrow.
+        With `snapshot`, every table is read as it was at that snapshot (and so is every view of
+        schemas/views.py, e.g. `token_rewards`). `tables` are extra Arrow tables the query may read by name.
+        Returns polars or Arrow.
         """
         if self.read_only:
             check_read_only(sql)
@@ -317,9 +311,8 @@ class Lake:
                 self._pin(cur, snapshot)
             for name, table in (tables or {}).items():
                 cur.register(name, table)
-            for name, body in _VIEWS.items():
-                if name in sql:  # views are defined per query, over the (maybe pinned) bare table names
-                    cur.execute(f"CREATE TEMP VIEW {name} AS {body}")
+            for name, body in VIEWS.items():  # per query, over the (maybe pinned) bare table names
+                cur.execute(f"CREATE TEMP VIEW {name} AS {body}")
             try:
                 rel = cur.execute(sql, params) if params else cur.sql(sql)
                 if rel is None:

@@ -17,7 +17,6 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-import trajlake.rewards  # noqa: F401 (registers the token_rewards view)
 from trajlake.rewards import SPECS_DIR, load_spec, parse_spec, reference
 from trajlake.rewards.score import score
 from trajlake.rewards.spec import STRATEGIES

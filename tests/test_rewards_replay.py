@@ -13,7 +13,6 @@ import uuid
 import pyarrow as pa
 import pytest
 
-import trajlake.rewards  # noqa: F401 (registers the token_rewards view)
 from trajlake.cli import main
 from trajlake.errors import TrajlakeError
 from trajlake.rewards import SPECS_DIR, default_spec, load_spec, parse_spec, reference

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import pytest
 
-import trajlake.rewards  # noqa: F401 (registers the token_rewards and reward_spans views)
 from trajlake.rewards import parse_spec
 from trajlake.rewards.compile import compile_query, turn_rewards_query
 from trajlake.rewards.score import score

@@ -30,8 +30,6 @@ def model(tmp_path_factory):
 @pytest.fixture
 def lake(tmp_path, model):
     """A lake holding 4 scripted-expert episodes (run `expert`), the SFT data of these tests."""
-    import trajlake.rewards  # noqa: F401
-
     lk = Lake.open(str(tmp_path / "lake"))
     collect(CollectConfig(env="doors", policy="scripted:doors", tokenizer=str(model), tasks=4, difficulty=1,
                           template="action", system_prompt=SYSTEM, run_id="expert", progress=False), lk)

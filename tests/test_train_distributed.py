@@ -99,7 +99,6 @@ def test_the_loop_under_the_deepspeed_launcher(tmp_path_factory, tmp_path):
                        timeout=900)
     assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
     assert p.stdout.count("run two: step 2, policy two/step-2") == 1  # printed by rank 0 only
-    import trajlake.rewards  # noqa: F401
     from trajlake.store import Lake
 
     with Lake.open(str(lake)) as lk:

@@ -22,8 +22,6 @@ COMMON = dict(template="plain", system_prompt=SYSTEM, difficulty=1, max_turns=1,
 
 @pytest.mark.slow
 def test_sft_warm_start_then_grpo_raises_held_out_success(tmp_path_factory, tmp_path):
-    import trajlake.rewards  # noqa: F401
-
     model = tiny_model_dir(tmp_path_factory)
     with Lake.open(str(tmp_path / "lake")) as lake:
         collect(CollectConfig(env="doors", policy="scripted:doors", tokenizer=str(model), tasks=256,

@@ -31,8 +31,6 @@ def model(tmp_path_factory):
 
 @pytest.fixture
 def lake(tmp_path):
-    import trajlake.rewards  # noqa: F401
-
     lk = Lake.open(str(tmp_path / "lake"))
     yield lk
     lk.close()
@@ -112,7 +110,6 @@ def test_sft_from_store_query(model, lake):
 
 KILLER = """
 import os, signal, sys
-import trajlake.rewards
 from trajlake.store import Lake
 from trajlake.train import checkpoint, loop
 from tests.helpers import small_cfg
@@ -137,8 +134,6 @@ def test_resume_after_a_kill(model, tmp_path):
     p = subprocess.run([sys.executable, str(script), str(model), str(tmp_path / "lake")], cwd=ROOT, env=env,
                        capture_output=True, text=True, timeout=600)
     assert p.returncode == -9, p.stderr[-3000:]
-    import trajlake.rewards  # noqa: F401
-
     with Lake.open(str(tmp_path / "lake")) as lake:
         assert [s["step"] for s in _steps(lake, "r1")] == [1]
         assert lake.query("SELECT status FROM runs WHERE run_id = 'r1'")[0, 0] == "running"

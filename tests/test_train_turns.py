@@ -24,8 +24,6 @@ MULTI = dict(env="maze", difficulty=1, max_turns=3, template="action", system_pr
 
 @pytest.fixture
 def lake(tmp_path):
-    import trajlake.rewards  # noqa: F401
-
     lk = Lake.open(str(tmp_path / "lake"))
     yield lk
     lk.close()

@@ -101,8 +101,6 @@ def load_episodes(lake: Lake, where: str, *, snapshot: int, spec_id: str | None 
     With `spec_id`, every episode must have been scored by that spec (its token rewards and total are
     filled in); episodes without any response token are left out (nothing to train on).
     """
-    import trajlake.rewards  # noqa: F401 (registers the reward_spans view)
-
     if spec_id is None:
         rows = lake.query(EPISODES_SQL.format(where=where), snapshot=snapshot, output="arrow").to_pylist()
     else:

@@ -389,8 +389,6 @@ def sft(config: TrainConfig, lake: Lake | None) -> RunResult:
 
 def run(config: TrainConfig, lake_uri: str | None = None) -> RunResult:
     """Entry point of `trajlake train` and `python -m trajlake.train`: opens the lake on rank 0 only."""
-    import trajlake.rewards  # noqa: F401 (token_rewards view)
-
     rank, _ = E.init_distributed()
     lake = Lake.open(lake_uri) if rank == 0 else None
     try:
