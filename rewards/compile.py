@@ -8,8 +8,9 @@ in as tables named `py_<component>`.
 
 from __future__ import annotations
 
-from trajlake.rewards.components import get_kind, sql_str
+from trajlake.rewards.components import get_kind
 from trajlake.rewards.spec import RewardSpec
+from trajlake.sql_text import sql_str
 
 #: Columns a python component's function receives, besides every episodes column.
 PY_INPUT_SQL = """
@@ -47,9 +48,7 @@ PREV_OBSERVATION = ", lag(observation) OVER (PARTITION BY episode_id ORDER BY tu
 
 def needs_prev_observation(spec: RewardSpec) -> bool:
     """Whether a component reads `prev_observation`: the new_observation signal, or an expr naming it."""
-    return any(c.kind == "process" and (c.params.get("signal") == "new_observation"
-                                        or "prev_observation" in (c.params.get("expr") or "").lower())
-               for c in spec.components)
+    return any(get_kind(c.kind).reads_prev_observation(c.params) for c in spec.components)
 
 
 def compile_query(spec: RewardSpec, *, where: str | None = None, only_new: bool = True,
@@ -69,7 +68,7 @@ def compile_query(spec: RewardSpec, *, where: str | None = None, only_new: bool 
         kind = get_kind(c.kind)
         aggregates.update(kind.aggregates(c.name, c.params))
         values[c.name] = kind.value(c.name, c.params)
-        if c.kind == "python":
+        if kind.compute is not None:  # values computed outside SQL, joined as a table (score.py makes it)
             py_joins.append(f"LEFT JOIN py_{c.name} USING (episode_id)")
     tcols = "".join(f", {sql} AS {alias}" for alias, sql in turn_columns(spec).items())
     agg_sql = ", ".join(f"{sql} AS {alias}" for alias, sql in aggregates.items())
@@ -94,7 +93,8 @@ FROM vals ORDER BY episode_id
 
 def turn_rewards_query(spec: RewardSpec, episode_ids_table: str) -> str | None:
     """Per-turn weighted process rewards (for `per_turn` allocation); None when the spec has none."""
-    parts = [(c, get_kind(c.kind).turn_columns(c.name, c.params)) for c in spec.components if c.kind == "process"]
+    parts = [(c, get_kind(c.kind).turn_columns(c.name, c.params)) for c in spec.components
+             if get_kind(c.kind).per_turn]
     if not parts:
         return None
     expr = " + ".join(f"{c.weight!r} * ({sql})" for c, cols in parts for sql in cols.values())

@@ -2,8 +2,10 @@
 
 A kind contributes (a) per-turn columns computed over `turns` (process rewards), (b) per-episode
 aggregates over those turns, and (c) one episode-level expression over `episodes` columns and its
-aggregates. `compile.py` assembles every component of a spec into one query. Python components are the
-exception: their function runs on an Arrow table and its result joins the query as a table.
+aggregates. `compile.py` assembles every component of a spec into one query. A kind whose values are
+computed outside SQL (python) declares `compute`: `score` runs it on an Arrow table of the episodes and the
+query joins its result. Every kind is one `ComponentKind` registered in `KINDS`; compile.py and score.py ask
+its hooks, never its name.
 """
 
 from __future__ import annotations
@@ -18,13 +20,12 @@ from typing import Any
 import duckdb
 
 from trajlake.errors import TrajlakeError
+from trajlake.registry import Registry
 from trajlake.schemas.tables import TABLES
 from trajlake.sql_text import sql_str
 
-_KINDS: dict[str, ComponentKind] = {}
 
-
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class ComponentKind:
     """A component kind: its parameters with defaults, a validator, and its SQL builders."""
 
@@ -41,21 +42,29 @@ class ComponentKind:
     #: parameters added after specs were stored, with the value that keeps the old meaning: left out of a
     #: spec's normalised content at that value, so the ids of specs that do not use them stay the same
     legacy: dict[str, Any] = field(default_factory=dict)
+    #: whether its turn columns are per-turn rewards (the `per_turn` allocation places them on their turn)
+    per_turn: bool = False
+    #: whether its turn columns read `prev_observation` (a window over every turn, so computed only if asked)
+    reads_prev_observation: Callable[[dict], bool] = lambda p: False
+    #: values computed outside SQL: (name, params, episodes Arrow table) -> one float per row; the query then
+    #: reads them as `py_<name>.value`
+    compute: Callable[[str, dict, Any], Any] | None = None
+
+
+#: every component kind, by name (a duplicate is refused; an unknown name lists the valid ones)
+KINDS: Registry[ComponentKind] = Registry("component kind")
 
 
 def register(kind: ComponentKind) -> ComponentKind:
-    _KINDS[kind.kind] = kind
-    return kind
+    return KINDS.add(kind.kind, kind)
 
 
 def kinds() -> list[str]:
-    return sorted(_KINDS)
+    return KINDS.names()
 
 
 def get_kind(kind: str | None) -> ComponentKind:
-    if kind not in _KINDS:
-        raise TrajlakeError(f"unknown component kind {kind!r}; valid: {', '.join(kinds())}")
-    return _KINDS[kind]
+    return KINDS[kind]
 
 
 def validate_component(kind: str | None, params: dict[str, Any]) -> dict[str, Any]:
@@ -194,8 +203,8 @@ def _goal_value(n, p):
 
 
 register(ComponentKind(
-    "goal",
-    "The episode's outcome. mode = \"episode\" (the default, trajlake's rule over the episode's outcome "
+    kind="goal",
+    doc="The episode's outcome. mode = \"episode\" (the default, trajlake's rule over the episode's outcome "
     "columns): `success` (1.0) when episodes.success is true; `failure` (-1.0) when the episode finished "
     "(status 'ok') with success false; otherwise (truncated, error, or an unknown outcome) the last turn's "
     "info.score when it reads as a number, else episodes.env_reward (the summed step rewards), else 0. "
@@ -204,11 +213,11 @@ register(ComponentKind(
     "`success` when its info.success is JSON true, else `failure` when info.fail is JSON true, else "
     "info.score (a number, a numeric string, or a boolean as 1/0), else 0; episodes.success, status and "
     "env_reward are not read.",
-    {"success": 1.0, "failure": -1.0, "mode": "episode", "truncated": "score"},
-    _goal_check,
-    _none,
-    _goal_aggregates,
-    _goal_value,
+    defaults={"success": 1.0, "failure": -1.0, "mode": "episode", "truncated": "score"},
+    check=_goal_check,
+    turn_columns=_none,
+    aggregates=_goal_aggregates,
+    value=_goal_value,
     legacy={"mode": "episode", "truncated": "score"},
 ))
 
@@ -237,20 +246,20 @@ def _length_value(n, p):
 
 
 register(ComponentKind(
-    "length_penalty",
-    "Penalty -scale * f(excess) for replies longer than `max` or shorter than `min`, in `unit` tokens "
+    kind="length_penalty",
+    doc="Penalty -scale * f(excess) for replies longer than `max` or shorter than `min`, in `unit` tokens "
     "(agent tokens) or chars (characters of the reply text, as Python's len), over the `scope` last reply or "
     "the whole episode; f is the `shape`, on both sides: linear (x), quadratic (x^2) or log (ln(1+x)). "
     "OpenManus-RL's LengthPenalty is unit chars, scope last, its -weight as scale; it shapes only the long "
     "side and penalises a short reply only when linear, so the two agree for shape linear (its default).",
-    {"unit": "tokens", "scope": "last", "max": None, "min": None, "shape": "linear", "scale": 0.01},
-    _length_check,
-    _none,
-    lambda n, p: {f"{n}__len": ("arg_max" if p["scope"] == "last" else "sum")
+    defaults={"unit": "tokens", "scope": "last", "max": None, "min": None, "shape": "linear", "scale": 0.01},
+    check=_length_check,
+    turn_columns=_none,
+    aggregates=lambda n, p: {f"{n}__len": ("arg_max" if p["scope"] == "last" else "sum")
                   + ("(num_response_tokens" if p["unit"] == "tokens"
                      else "(length(coalesce(action_text, ''))")
                   + (", turn)" if p["scope"] == "last" else ")")},
-    _length_value,
+    value=_length_value,
 ))
 
 
@@ -287,20 +296,20 @@ def _format_value(n, p):
 
 
 register(ComponentKind(
-    "format",
-    "Whether the replies are well formed: without a `pattern`, as the action template the episode was "
+    kind="format",
+    doc="Whether the replies are well formed: without a `pattern`, as the action template the episode was "
     "played (or imported) with judged each reply (turns.format_ok, set by that template's parser); with a "
     "`pattern`, whether that regex is found in the reply (RE2 syntax, as DuckDB's regexp_matches; `dotall = "
     "true` lets `.` match newlines too, as Python's re.DOTALL). The value is the fraction of well-formed "
     "replies (`over = \"each\"`; replies whose format_ok is unknown are not counted) or 1/0 for the last reply "
     "(`over = \"last\"`; unknown: 0). `envs` (a list of env names) limits it to those envs' episodes; "
     "others get 0.",
-    {"pattern": None, "dotall": False, "over": "each", "envs": None},
-    _format_check,
-    _none,
-    lambda n, p: {f"{n}__v": (f"avg({_format_hit(p)})" if p["over"] == "each"
+    defaults={"pattern": None, "dotall": False, "over": "each", "envs": None},
+    check=_format_check,
+    turn_columns=_none,
+    aggregates=lambda n, p: {f"{n}__v": (f"avg({_format_hit(p)})" if p["over"] == "each"
                               else f"arg_max_null({_format_hit(p)}, turn)")},
-    _format_value,
+    value=_format_value,
     legacy={"dotall": False, "envs": None},
 ))
 
@@ -325,14 +334,14 @@ def _env_value(n, p):
 
 
 register(ComponentKind(
-    "env_reward",
-    "Sum of the per-step env rewards, discounted by `discount` per turn (1.0: plain sum), clipped to "
+    kind="env_reward",
+    doc="Sum of the per-step env rewards, discounted by `discount` per turn (1.0: plain sum), clipped to "
     "[clip_min, clip_max] when given.",
-    {"discount": 1.0, "clip_min": None, "clip_max": None},
-    _env_check,
-    _none,
-    lambda n, p: {f"{n}__sum": f"sum(coalesce(step_reward, 0) * pow({_num(p['discount'])}, turn))"},
-    _env_value,
+    defaults={"discount": 1.0, "clip_min": None, "clip_max": None},
+    check=_env_check,
+    turn_columns=_none,
+    aggregates=lambda n, p: {f"{n}__sum": f"sum(coalesce(step_reward, 0) * pow({_num(p['discount'])}, turn))"},
+    value=_env_value,
 ))
 
 
@@ -380,43 +389,61 @@ def process_turn_sql(p: dict) -> str:
 
 
 register(ComponentKind(
-    "process",
-    "Per-turn rewards that stay attached to their turn (allocated to it by `per_turn`): a named `signal` "
+    kind="process",
+    doc="Per-turn rewards that stay attached to their turn (allocated to it by `per_turn`): a named `signal` "
     "giving `reward` when true and `penalty` when false, or any SQL `expr` over turns columns. Signals: "
     "format_ok (the template's parser read an action), valid_action (info.valid is JSON true; absent or null: "
     "unknown), new_observation (the observation differs from the previous turn's; the first turn's is new), "
     "positive_step (step_reward > 0; NULL: unknown). A turn whose signal is unknown gets neither (0), as "
     "imported turns, which carry no validity flag or step reward; `unknown = \"false\"` counts it as false "
     "instead (the penalty). The episode's value is the sum over its turns.",
-    {"signal": None, "expr": None, "reward": 1.0, "penalty": 0.0, "unknown": "skip"},
-    _process_check,
-    lambda n, p: {f"p_{n}": process_turn_sql(p)},
-    lambda n, p: {f"{n}__sum": f"sum(p_{n})"},
-    lambda n, p: f"coalesce(agg.{n}__sum, 0)",
+    defaults={"signal": None, "expr": None, "reward": 1.0, "penalty": 0.0, "unknown": "skip"},
+    check=_process_check,
+    turn_columns=lambda n, p: {f"p_{n}": process_turn_sql(p)},
+    aggregates=lambda n, p: {f"{n}__sum": f"sum(p_{n})"},
+    value=lambda n, p: f"coalesce(agg.{n}__sum, 0)",
+    per_turn=True,
+    reads_prev_observation=lambda p: (p.get("signal") == "new_observation"
+                                      or "prev_observation" in (p.get("expr") or "").lower()),
 ))
 
 
 # ---- sql ---------------------------------------------------------------------------------------------
 register(ComponentKind(
-    "sql",
-    "Any SQL expression `expr` over episodes columns (e.g. \"num_turns * 0.1\").",
-    {"expr": None},
-    lambda p: check_sql(p["expr"], "episodes", "expr"),
-    _none,
-    lambda n, p: {},
-    lambda n, p: f"CAST(({p['expr']}) AS DOUBLE)",
+    kind="sql",
+    doc="Any SQL expression `expr` over episodes columns (e.g. \"num_turns * 0.1\").",
+    defaults={"expr": None},
+    check=lambda p: check_sql(p["expr"], "episodes", "expr"),
+    turn_columns=_none,
+    aggregates=lambda n, p: {},
+    value=lambda n, p: f"CAST(({p['expr']}) AS DOUBLE)",
 ))
 
 
 # ---- python ------------------------------------------------------------------------------------------
 register(ComponentKind(
-    "python",
-    "A `function = \"module:function\"` called with a pyarrow Table (one row per episode: episodes columns "
+    kind="python",
+    doc="A `function = \"module:function\"` called with a pyarrow Table (one row per episode: episodes columns "
     "plus lists over its turns: action_texts, observations, step_rewards, format_oks, agent_tokens) and "
     "returning one float per row (a list, numpy or Arrow array).",
-    {"function": None},
-    lambda p: load_function(p["function"]),
-    _none,
-    lambda n, p: {},
-    lambda n, p: f"py_{n}.value",
+    defaults={"function": None},
+    check=lambda p: load_function(p["function"]),
+    turn_columns=_none,
+    aggregates=lambda n, p: {},
+    value=lambda n, p: f"py_{n}.value",
+    compute=lambda n, p, inputs: _call_python(n, p["function"], inputs),
 ))
+
+
+def _call_python(name: str, ref: str, inputs: Any) -> Any:
+    """A python component's values: its function on the episodes table, one float per row, checked."""
+    import pyarrow as pa
+
+    fn = load_function(ref)
+    try:
+        values = pa.array(fn(inputs), type=pa.float64())
+    except Exception as e:  # user code: report which function failed and how
+        raise TrajlakeError(f"python component {name} ({ref}) failed: {e}") from None
+    if len(values) != inputs.num_rows:
+        raise TrajlakeError(f"python component {name} returned {len(values)} values for {inputs.num_rows} episodes")
+    return values

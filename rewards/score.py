@@ -19,7 +19,7 @@ import pyarrow.compute as pc
 from trajlake.clock import utc_now
 from trajlake.errors import TrajlakeError
 from trajlake.rewards.compile import PY_INPUT_SQL, compile_query, episodes_cte, turn_rewards_query
-from trajlake.rewards.components import load_function
+from trajlake.rewards.components import get_kind
 from trajlake.rewards.spec import RewardSpec
 from trajlake.schemas import RewardSpecRow
 from trajlake.store import Lake
@@ -45,20 +45,13 @@ class ScoreResult:
 
 def _python_tables(lake: Lake, spec: RewardSpec, where: str | None, snapshot: int) -> dict[str, pa.Table]:
     tables = {}
-    comps = [c for c in spec.components if c.kind == "python"]
+    comps = [c for c in spec.components if get_kind(c.kind).compute is not None]
     if not comps:
         return tables
     inputs = lake.query(f"WITH ep AS ({episodes_cte(spec, where, True)}) {PY_INPUT_SQL}", snapshot=snapshot,
                         output="arrow")
     for c in comps:
-        fn = load_function(c.params["function"])
-        try:
-            values = pa.array(fn(inputs), type=pa.float64())
-        except Exception as e:  # user code: report which function failed and how
-            raise TrajlakeError(f"python component {c.name} ({c.params['function']}) failed: {e}") from None
-        if len(values) != inputs.num_rows:
-            raise TrajlakeError(f"python component {c.name} returned {len(values)} values for "
-                                f"{inputs.num_rows} episodes")
+        values = get_kind(c.kind).compute(c.name, c.params, inputs)
         tables[f"py_{c.name}"] = pa.table({"episode_id": inputs["episode_id"], "value": values})
     return tables
 

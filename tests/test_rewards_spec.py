@@ -321,3 +321,20 @@ def test_errors_come_before_any_work(tmp_path):
     path = write(tmp_path, EXAMPLE.replace("num_turns * 0.1", "no_such_column + 1"))
     assert main(["--lake", str(tmp_path / "never"), "rewards", "--spec", str(path)]) == 1
     assert not (tmp_path / "never").exists()
+
+
+def test_component_kinds_are_one_registry():
+    """A kind is one registration: a second one under a taken name is refused, an unknown name lists the kinds,
+    and compile/score read what a kind does from its hooks, not its name."""
+    from trajlake.registry import UnknownNameError
+    from trajlake.rewards.components import KINDS, ComponentKind, get_kind, register
+
+    with pytest.raises(ValueError, match="component kind 'goal' is already registered"):
+        register(ComponentKind(kind="goal", doc="", defaults={}, check=lambda p: None, turn_columns=lambda n, p: {},
+                               aggregates=lambda n, p: {}, value=lambda n, p: "0"))
+    with pytest.raises(UnknownNameError, match="unknown component kind 'gaol'; valid names: .*goal"):
+        get_kind("gaol")
+    assert [k for k in KINDS.names() if get_kind(k).per_turn] == ["process"]
+    assert [k for k in KINDS.names() if get_kind(k).compute is not None] == ["python"]
+    with pytest.raises(TypeError):  # keyword fields only: a kind says what each function is
+        ComponentKind("x", "doc", {}, None, None, None, None)
