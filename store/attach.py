@@ -25,7 +25,7 @@ def _attach(con: duckdb.DuckDBPyConnection, catalog: CatalogURI, *, read_only: b
         return catalog
     except duckdb.Error as e:
         msg = str(e)
-    if read_only and catalog.backend == "postgres" and ("read-only mode" in msg or "creating a new DuckLake" in msg):
+    if read_only and any(text in msg for text in catalog.kind.missing_on_read_only):
         # DuckLake tried to create its metadata tables: there is no lake in that database and schema
         raise CatalogError(f"cannot open lake {catalog.raw}: no lake there (a write command such as collect or "
                            "import creates one)") from None

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import random
+import re
 import threading
 import time
 import uuid
@@ -31,6 +32,8 @@ from trajlake.store.attach import ALIAS, _attach, check_read_only
 from trajlake.store.uri import CatalogURI, parse_uri
 from trajlake.store.validate import conform
 
+#: each view's name as a word of a query's text
+_VIEW_NAMES = {name: re.compile(rf"\b{name}\b", re.IGNORECASE) for name in VIEWS}
 #: Rows per parquet row group of the lake's data files (DuckLake's default is 122,880). A turn carries about
 #: 500 token ids and as many list levels: DuckDB's parquet writer builds each row group's list levels in
 #: buffers that at 100k turns (about 200 MB) are fresh pages from the OS every time, which made ingest about
@@ -312,7 +315,9 @@ class Lake:
             for name, table in (tables or {}).items():
                 cur.register(name, table)
             for name, body in VIEWS.items():  # per query, over the (maybe pinned) bare table names
-                cur.execute(f"CREATE TEMP VIEW {name} AS {body}")
+                if _VIEW_NAMES[name].search(sql):  # only the views a query names: creating one binds it to the
+                    cur.execute(f"CREATE TEMP VIEW {name} AS {body}")  # tables, which costs time at every
+                    # query, and fails at a snapshot from before a column it reads (a lake of an older version)
             try:
                 rel = cur.execute(sql, params) if params else cur.sql(sql)
                 if rel is None:
@@ -408,7 +413,7 @@ class Lake:
         """Delete files that left the lake (merged away, expired) more than `grace` ago."""
         cutoff = utc_now() - grace
         call = f"CALL ducklake_cleanup_old_files('{ALIAS}', older_than => ?::TIMESTAMPTZ)"
-        if self.catalog.backend != "sqlite":
+        if not self.catalog.kind.cleanup_in_transaction:
             return len(cur.execute(call, [cutoff]).fetchall())
         cur.execute("BEGIN TRANSACTION")  # the check and the deletion see the same scheduled files
         try:

@@ -28,10 +28,12 @@ from __future__ import annotations
 import os
 import re
 import sqlite3
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
 from trajlake.errors import CatalogError
+from trajlake.registry import Registry
 from trajlake.sql_text import sql_str
 from trajlake.store import objectstore
 
@@ -39,11 +41,45 @@ DEFAULT_LAKE = "lake"
 ENV_VAR = "TRAJLAKE_LAKE"
 
 
+@dataclass(frozen=True, kw_only=True)
+class Backend:
+    """A kind of catalog: how its URI reads and what DuckLake needs of it. Each is one registration in
+    CATALOGS; nothing else in the store compares catalog names."""
+
+    name: str
+    """The name (`CatalogURI.backend`): duckdb, sqlite, postgres."""
+    schemes: tuple[str, ...]
+    """URI prefixes that pick it (`sqlite:`); none for the default, a bare folder path."""
+    parse: Callable[[str, str], CatalogURI]
+    """(the URI after the scheme, the whole URI) -> the parsed URI; raises CatalogError naming what is wrong."""
+    multi_process: bool
+    """Whether several processes may open the lake at once."""
+    scanner: str | None = None
+    """The DuckDB extension that reads the catalog database, if not DuckDB itself."""
+    catalog_file: bool = False
+    """Whether the catalog is a local file (it can be missing, moved or copied; its folders are made)."""
+    folder_lake: bool = False
+    """Whether the URI names the folder that holds the catalog file (the lake is that folder)."""
+    attach_options: tuple[str, ...] = ()
+    """Extra ATTACH options this catalog always gets."""
+    prepare: Callable[[str], None] | None = None
+    """Run on the catalog file's path before a write open (e.g. SQLite's WAL mode)."""
+    missing_on_read_only: tuple[str, ...] = ()
+    """Error texts of a read-only attach that mean there is no lake there (DuckLake tried to create one)."""
+    cleanup_in_transaction: bool = False
+    """Whether file cleanup must run in one transaction with its check (SQLite: the scheduled files could
+    change between them)."""
+
+
+#: every catalog backend, by name
+CATALOGS: Registry[Backend] = Registry("catalog backend")
+
+
 @dataclass(frozen=True)
 class CatalogURI:
     """A parsed catalog URI."""
 
-    backend: str  # "duckdb" | "sqlite" | "postgres"
+    backend: str  # a name in CATALOGS: "duckdb" | "sqlite" | "postgres"
     metadata: str  # what follows `ducklake:` in the ATTACH string
     data_path: str
     metadata_schema: str | None = None
@@ -51,8 +87,12 @@ class CatalogURI:
     data_path_given: bool = False  # False: data_path is the backend's default
 
     @property
+    def kind(self) -> Backend:
+        return CATALOGS[self.backend]
+
+    @property
     def multi_process(self) -> bool:
-        return self.backend != "duckdb"
+        return self.kind.multi_process
 
     @property
     def remote(self) -> bool:
@@ -62,7 +102,7 @@ class CatalogURI:
     @property
     def extensions(self) -> tuple[str, ...]:
         """The DuckDB extensions this catalog needs."""
-        scanner = {"sqlite": ("sqlite_scanner",), "postgres": ("postgres_scanner",)}.get(self.backend, ())
+        scanner = (self.kind.scanner,) if self.kind.scanner else ()
         return ("ducklake", *scanner, *(("httpfs",) if self.remote else ()))
 
     def attach_sql(self, alias: str, *, data_path: bool = True, read_only: bool = False,
@@ -75,38 +115,41 @@ class CatalogURI:
             opts.append("OVERRIDE_DATA_PATH true")
         if self.metadata_schema:
             opts.append(f"METADATA_SCHEMA {sql_str(self.metadata_schema)}")
-        if self.backend == "duckdb":
-            # DuckLake inlines small inserts into a DuckDB-file catalog with DOUBLEs rounded to 16 digits
-            # (0.09719760778190321 is read back as 0.0971976077819032): write every insert to parquet instead.
-            opts.append("DATA_INLINING_ROW_LIMIT 0")
+        opts += self.kind.attach_options
         options = f" ({', '.join(opts)})" if opts else ""
         return f"ATTACH {sql_str('ducklake:' + self.metadata)} AS {alias}{options}"
+
+    @property
+    def catalog_path(self) -> Path | None:
+        """The catalog file (None where the catalog is a database server)."""
+        return Path(self.metadata.removeprefix(f"{self.backend}:")) if self.kind.catalog_file else None
 
     @property
     def folder_data(self) -> bool:
         """Whether the data files are the local default beside the catalog (`PATH/data/`, `FILE.data/`), which
         moves and is copied with it."""
-        return self.backend in ("duckdb", "sqlite") and not self.data_path_given
+        return self.kind.catalog_file and not self.data_path_given
 
     def missing(self) -> str | None:
-        """Why there is no lake here to read (None where one may be: a catalog file exists, or PostgreSQL,
-        which only the attach can tell)."""
-        if self.backend == "postgres":
+        """Why there is no lake here to read (None where one may be: a catalog file exists, or a database
+        server, which only the attach can tell)."""
+        path = self.catalog_path
+        if path is None:
             return None
-        path = Path(self.metadata.removeprefix("sqlite:"))
         if path.is_dir():
             return f"{path} is a folder, not a catalog file"
         if not path.exists():
-            where = path.parent if self.backend == "duckdb" else path
+            where = path.parent if self.kind.folder_lake else path
             return f"no lake at {where} (a write command such as collect or import creates one)"
         return None
 
     def prepare(self) -> None:
         """Create local folders the catalog and data need (nothing for remote paths)."""
-        if self.backend in ("duckdb", "sqlite"):
-            Path(self.metadata.removeprefix("sqlite:")).parent.mkdir(parents=True, exist_ok=True)
-        if self.backend == "sqlite":
-            _use_wal(self.metadata.removeprefix("sqlite:"))
+        path = self.catalog_path
+        if path is not None:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            if self.kind.prepare:
+                self.kind.prepare(str(path))
         if not self.remote:
             Path(self.data_path).mkdir(parents=True, exist_ok=True)
 
@@ -137,42 +180,57 @@ def parse_uri(uri: str | os.PathLike | None) -> CatalogURI:
     raw = str(uri) if uri is not None else os.environ.get(ENV_VAR) or DEFAULT_LAKE
     if not raw.strip():
         raise CatalogError("empty lake URI: give a folder, sqlite:FILE or postgres:CONNINFO")
-    if raw.startswith("sqlite:"):
-        path, data = _split_data_path(raw[len("sqlite:"):])
-        if not path:
-            raise CatalogError("sqlite: URI needs a file path, e.g. sqlite:lake/catalog.sqlite")
-        path = str(Path(path).expanduser().absolute())
-        if Path(path).is_dir():
-            raise CatalogError(f"sqlite: URI names the folder {path}; give the catalog file in it, e.g. "
-                               f"sqlite:{Path(path) / 'catalog.sqlite'}")
-        return CatalogURI("sqlite", f"sqlite:{path}", data or path + ".data/", raw=raw, data_path_given=bool(data))
-    if raw.startswith(("postgres:", "postgresql:")):
-        conninfo = raw.split(":", 1)[1]
-        pairs, extra = [], {}
-        for token in conninfo.split():
-            if "=" not in token:
-                raise CatalogError(f"postgres URI part {token!r} is not key=value (libpq conninfo)")
-            k, v = token.split("=", 1)
-            if k in ("data_path", "metadata_schema"):
-                if not v:
-                    raise CatalogError(f"{k}= needs a value" + (": a folder or a URL such as s3://bucket/lake/"
-                                                               if k == "data_path" else ": a PostgreSQL schema name"))
-                extra[k] = v
-            else:
-                pairs.append(token)
-        if not any(p.startswith("dbname=") for p in pairs):
-            raise CatalogError("postgres URI needs dbname=..., e.g. postgres:dbname=trajlake host=127.0.0.1")
-        given = extra.get("data_path")
-        if given:
-            objectstore.check_data_path(given)
-        data = given or str(Path("lake_data").absolute()) + "/"
-        return CatalogURI(
-            "postgres", "postgres:" + " ".join(pairs), _dir(data), extra.get("metadata_schema"), raw, bool(given)
-        )
-    path, data = _split_data_path(raw)
+    backends = [backend for _, backend in CATALOGS.items()]
+    for backend in backends:
+        for scheme in backend.schemes:
+            if raw.startswith(scheme + ":"):
+                return backend.parse(raw[len(scheme) + 1:], raw)
+    path = _split_data_path(raw)[0]
     if ":" in path.split("/")[0] and not Path(path).exists():
         scheme = path.split(":", 1)[0]
-        raise CatalogError(f"unknown lake URI scheme {scheme!r}: use a folder, sqlite:FILE or postgres:CONNINFO")
+        schemes = ", ".join(f"{s}:..." for backend in backends for s in backend.schemes)
+        raise CatalogError(f"unknown lake URI scheme {scheme!r}: use a folder, or one of {schemes}")
+    folder = next(backend for backend in backends if not backend.schemes)  # the default: a bare folder path
+    return folder.parse(raw, raw)
+
+
+def _parse_sqlite(rest: str, raw: str) -> CatalogURI:
+    path, data = _split_data_path(rest)
+    if not path:
+        raise CatalogError("sqlite: URI needs a file path, e.g. sqlite:lake/catalog.sqlite")
+    path = str(Path(path).expanduser().absolute())
+    if Path(path).is_dir():
+        raise CatalogError(f"sqlite: URI names the folder {path}; give the catalog file in it, e.g. "
+                           f"sqlite:{Path(path) / 'catalog.sqlite'}")
+    return CatalogURI("sqlite", f"sqlite:{path}", data or path + ".data/", raw=raw, data_path_given=bool(data))
+
+
+def _parse_postgres(conninfo: str, raw: str) -> CatalogURI:
+    pairs, extra = [], {}
+    for token in conninfo.split():
+        if "=" not in token:
+            raise CatalogError(f"postgres URI part {token!r} is not key=value (libpq conninfo)")
+        k, v = token.split("=", 1)
+        if k in ("data_path", "metadata_schema"):
+            if not v:
+                raise CatalogError(f"{k}= needs a value" + (": a folder or a URL such as s3://bucket/lake/"
+                                                           if k == "data_path" else ": a PostgreSQL schema name"))
+            extra[k] = v
+        else:
+            pairs.append(token)
+    if not any(p.startswith("dbname=") for p in pairs):
+        raise CatalogError("postgres URI needs dbname=..., e.g. postgres:dbname=trajlake host=127.0.0.1")
+    given = extra.get("data_path")
+    if given:
+        objectstore.check_data_path(given)
+    data = given or str(Path("lake_data").absolute()) + "/"
+    return CatalogURI(
+        "postgres", "postgres:" + " ".join(pairs), _dir(data), extra.get("metadata_schema"), raw, bool(given)
+    )
+
+
+def _parse_folder(rest: str, raw: str) -> CatalogURI:
+    path, data = _split_data_path(rest)
     if not path.strip():
         raise CatalogError("lake URI needs a folder before data_path=, e.g. lake data_path=s3://bucket/lake/")
     folder = Path(path).expanduser().absolute()
@@ -182,6 +240,19 @@ def parse_uri(uri: str | os.PathLike | None) -> CatalogURI:
         "duckdb", str(folder / "catalog.ducklake"), data or str(folder / "data") + "/", raw=raw,
         data_path_given=bool(data),
     )
+
+
+CATALOGS.add("duckdb", Backend(
+    name="duckdb", schemes=(), parse=_parse_folder, multi_process=False, catalog_file=True, folder_lake=True,
+    # DuckLake inlines small inserts into a DuckDB-file catalog with DOUBLEs rounded to 16 digits
+    # (0.09719760778190321 is read back as 0.0971976077819032): write every insert to parquet instead.
+    attach_options=("DATA_INLINING_ROW_LIMIT 0",)))
+CATALOGS.add("sqlite", Backend(
+    name="sqlite", schemes=("sqlite",), parse=_parse_sqlite, multi_process=True, scanner="sqlite_scanner",
+    catalog_file=True, prepare=_use_wal, cleanup_in_transaction=True))
+CATALOGS.add("postgres", Backend(
+    name="postgres", schemes=("postgres", "postgresql"), parse=_parse_postgres, multi_process=True,
+    scanner="postgres_scanner", missing_on_read_only=("read-only mode", "creating a new DuckLake")))
 
 
 _DATA_PATH = re.compile(r"^(.*?)\s+data_path=(.*)$", re.DOTALL)

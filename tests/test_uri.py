@@ -134,3 +134,17 @@ def test_sqlite_catalog_in_a_new_folder(tmp_path):
 def test_unreachable_postgres_is_a_catalog_error():
     with pytest.raises(CatalogError, match="cannot open lake"):
         Lake.open("postgres:dbname=test host=127.0.0.1 port=1 connect_timeout=2 data_path=pgdata")
+
+
+def test_catalog_backends_are_one_registry():
+    """A catalog is one registration: its schemes, what DuckLake needs of it; an unknown scheme lists them."""
+    from trajlake.errors import CatalogError
+    from trajlake.store.uri import CATALOGS
+
+    assert CATALOGS.names() == ["duckdb", "postgres", "sqlite"]
+    with pytest.raises(ValueError, match="catalog backend 'sqlite' is already registered"):
+        CATALOGS.add("sqlite", CATALOGS["sqlite"])
+    with pytest.raises(CatalogError, match=r"unknown lake URI scheme 'mysql': use a folder, or one of sqlite:\.\.\., "
+                                           r"postgres:\.\.\., postgresql:\.\.\."):
+        parse_uri("mysql:host=x")
+    assert parse_uri("sqlite:x.sqlite").kind.prepare is not None and parse_uri("lake").kind.folder_lake
