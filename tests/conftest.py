@@ -76,7 +76,7 @@ def flaky_env(monkeypatch):
                 raise ConnectionError(f"cannot connect to the env server (task {task.task_id})")
             return super().reset(task)
 
-    monkeypatch.setattr(registry, "_REGISTRY", dict(registry._REGISTRY))  # gone again after the test
+    monkeypatch.setattr(registry.ENVS, "_entries", dict(registry.ENVS._entries))  # gone again after the test
     registry.register_env(FlakyGuess)
     return FlakyGuess
 

@@ -93,7 +93,7 @@ def test_importing_the_module_imports_neither_package():
 
 
 def test_register_is_idempotent(monkeypatch):
-    monkeypatch.setattr(registry, "_REGISTRY", dict(registry._REGISTRY))
+    monkeypatch.setattr(registry.ENVS, "_entries", dict(registry.ENVS._entries))
     names = tp.register()
     assert names == [c.name for c in ALL] and tp.register() == names
     assert set(names) <= set(registry.env_names())
@@ -102,7 +102,7 @@ def test_register_is_idempotent(monkeypatch):
 
 
 def test_without_the_extra_making_one_names_the_pip_command(monkeypatch):
-    monkeypatch.setattr(registry, "_REGISTRY", dict(registry._REGISTRY))
+    monkeypatch.setattr(registry.ENVS, "_entries", dict(registry.ENVS._entries))
     monkeypatch.setattr(tp, "available", lambda package: False)  # what register() checks
     monkeypatch.setattr(thirdparty_base, "available", lambda package: False)  # what making an env checks
     assert tp.register(only_available=True) == []

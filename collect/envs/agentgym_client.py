@@ -270,7 +270,8 @@ class AgentGymClient:
 def register() -> list[str]:
     """Register every preset as an env `agentgym/NAME` (idempotent); returns the names."""
     for preset in PRESETS.values():
-        attrs = {"name": preset.env_name, "default_preset": preset.name, "description": preset.instructions,
+        attrs = {"name": preset.env_name, "default_preset": preset.name, "expert_aliases": (preset.name,),
+                 "description": preset.instructions,
                  "action_help": preset.action_help, "splits": tuple(preset.splits),
                  "default_template": preset.template,
                  "__doc__": f"AgentGym's {preset.title} server ({preset.name})."}

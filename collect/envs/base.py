@@ -68,6 +68,8 @@ class Env(ABC):
     default_template: str = "think_action"
     #: made with the URL of a server it plays (AgentGym's env servers); the built-ins need no arguments
     remote: bool = False
+    #: other names `scripted:NAME` may give this env's expert (`textcraft` for `agentgym/textcraft`)
+    expert_aliases: tuple[str, ...] = ()
 
     def __init__(self, invalid_penalty: float = 0.0):
         """`invalid_penalty` is the reward (<= 0) for an action the env did not understand."""

@@ -12,7 +12,6 @@ import re
 from collections import Counter
 
 from trajlake.collect.envs.base import Env, Expert, InvalidAction, parse
-from trajlake.collect.envs.registry import register_env
 from trajlake.schemas.records import Task
 
 BASE = ("wood", "stone", "iron", "gold", "coal", "sand", "clay", "wool", "string", "water", "wheat", "flint")
@@ -39,7 +38,6 @@ def parse_inventory(text: str) -> Counter:
     return inv
 
 
-@register_env
 class CraftingEnv(Env):
     """Recipe planning. Actions: "get <base item>", "craft <item>", "inventory"."""
 

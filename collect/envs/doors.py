@@ -10,7 +10,6 @@ import random
 import re
 
 from trajlake.collect.envs.base import Env, Expert, InvalidAction, parse
-from trajlake.collect.envs.registry import register_env
 from trajlake.schemas.records import Task
 
 COLORS = ("red", "green", "blue", "white", "black", "yellow", "pink", "brown", "gray", "purple", "orange")
@@ -21,7 +20,6 @@ KEY_RE = re.compile(r"key is behind the (\w+) door")
 DOORS_RE = re.compile(r"\w+ doors: ([\w, ]+)\.")
 
 
-@register_env
 class DoorsEnv(Env):
     """Pick the right door. Actions: "open <color>", and "read sign" where a sign is."""
 

@@ -10,7 +10,6 @@ import random
 import re
 
 from trajlake.collect.envs.base import Env, Expert, InvalidAction, parse
-from trajlake.collect.envs.registry import register_env
 from trajlake.schemas.records import Task
 
 #: difficulty -> (numbers in the range, guesses allowed); binary search needs at most 3, 4, 6, 7
@@ -18,7 +17,6 @@ LEVELS = {1: (4, 5), 2: (10, 6), 3: (50, 8), 4: (100, 9)}
 FEEDBACK_RE = re.compile(r"(Higher|Lower) than (-?\d+)")
 
 
-@register_env
 class GuessEnv(Env):
     """Number guessing. Actions: "guess N"."""
 

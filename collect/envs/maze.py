@@ -12,7 +12,6 @@ import re
 from collections import deque
 
 from trajlake.collect.envs.base import Env, Expert, InvalidAction, parse
-from trajlake.collect.envs.registry import register_env
 from trajlake.schemas.records import Task
 
 #: direction -> (bit in a cell's hex digit, dx, dy)
@@ -42,7 +41,6 @@ def _distances(grid: list[str], src: tuple[int, int]) -> dict[tuple[int, int], t
     return seen
 
 
-@register_env
 class MazeEnv(Env):
     """Grid navigation. Actions: "move north|south|east|west"."""
 

