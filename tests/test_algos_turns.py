@@ -1,4 +1,4 @@
-"""train/algos_turns.py: turn-level advantages (gigpo, turn_reinforce, turn_gae) against plain-Python loops,
+"""train/algos/turns.py: turn-level advantages (gigpo, turn_reinforce, turn_gae) against plain-Python loops,
 hand-computed golden values, invariances (masked positions and absent turns change nothing), errors and
 gradients; and the helpers that build turn_index and step_keys."""
 
@@ -13,7 +13,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from trajlake.train import algos as A
-from trajlake.train import algos_turns as AT
+from trajlake.train.algos import turns as AT
 
 FAST = settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 T64 = torch.float64
@@ -593,11 +593,11 @@ def test_bad_inputs_and_unknown_names():
 
 
 def test_registry_holds_the_turn_estimators_whichever_module_is_imported_first():
-    # this process imported algos first; a fresh one imports algos_turns first (the import cycle's other order)
+    # a fresh process that imports the turn estimators' module first gets the whole registry too
     import subprocess
     import sys
 
-    code = ("import trajlake.train.algos_turns as T; from trajlake.train.algos import ADVANTAGES, algos_turns; "
-            "assert algos_turns is T and {'gigpo', 'turn_reinforce', 'turn_gae', 'grpo'} <= set(ADVANTAGES)")
+    code = ("import trajlake.train.algos.turns as T; from trajlake.train.algos import ADVANTAGES, turns; "
+            "assert turns is T and {'gigpo', 'turn_reinforce', 'turn_gae', 'grpo'} <= set(ADVANTAGES)")
     subprocess.run([sys.executable, "-c", code], check=True)
-    assert {"gigpo", "turn_reinforce", "turn_gae"} <= set(A.ADVANTAGES) and A.algos_turns is AT
+    assert {"gigpo", "turn_reinforce", "turn_gae"} <= set(A.ADVANTAGES) and A.turns is AT

@@ -1,5 +1,5 @@
 """Turn-level advantages in the trainer: the turn structure of stored episodes reaches the estimators of
-train/algos_turns.py (gigpo, turn_reinforce, turn_gae), and a multi-turn iteration trains with each."""
+train/algos/turns.py (gigpo, turn_reinforce, turn_gae), and a multi-turn iteration trains with each."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ from trajlake.collect.config import CollectConfig
 from trajlake.collect.rollout import collect
 from trajlake.errors import TrajlakeError
 from trajlake.store import Lake
-from trajlake.train.algos_turns import observation_key
+from trajlake.train.algos.turns import observation_key
 from trajlake.train.batch import collate, load_episodes
 from trajlake.train.config import ConfigError
 from trajlake.train.loop import train

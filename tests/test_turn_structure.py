@@ -1,4 +1,4 @@
-"""train/turn_structure.py (and algos_turns.turn_first_positions): each response token's turn, each turn's
+"""train/turn_structure.py (and algos.turns.turn_first_positions): each response token's turn, each turn's
 observation id."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from tests.test_algos_turns import layout, random_episodes, t
-from trajlake.train import algos_turns
+from trajlake.train.algos import turns as algos_turns
 from trajlake.train import turn_structure as AT
 
 

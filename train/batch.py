@@ -157,7 +157,7 @@ class Batch:
     input_ids (long), attention_mask (long, 1 on real tokens), loss_mask (float, 1 on response tokens),
     token_rewards (float), behaviour_logprobs (float, NaN where unknown), scores (B,), success (B,),
     group_ids (list of B str), episode_ids (list of B str); the turn structure the turn-level advantage
-    estimators read (train.algos_turns): turn_index (long, each response token's turn, -1 elsewhere) and
+    estimators read (train.algos.turns): turn_index (long, each response token's turn, -1 elsewhere) and
     step_keys (B, K) long (an id of the observation each turn answered, -1 for none).
     """
 

@@ -20,7 +20,7 @@ from typing import Any, ClassVar
 from trajlake.collect.config import RolloutConfig
 from trajlake.errors import TrajlakeError
 from trajlake.train.algos import ADVANTAGES, AGG_MODES, KL_CONTROLLERS, KL_ESTIMATORS, POLICY_LOSSES, VALUE_LOSSES
-from trajlake.train.algos_turns import TURN_BASELINES
+from trajlake.train.algos.turns import TURN_BASELINES
 
 ALGOS = ("grpo", "ppo", "sft")
 DTYPES = ("fp32", "bf16")

@@ -30,7 +30,7 @@ from trajlake.store import Lake
 from trajlake.train import checkpoint as C
 from trajlake.train import engine as E
 from trajlake.train.algos import make_kl_controller
-from trajlake.train.algos_turns import TURN_INPUTS
+from trajlake.train.algos.turns import TURN_INPUTS
 from trajlake.train.batch import check_episode_filter, collate, load_episodes
 from trajlake.train.config import ConfigError, TrainConfig
 from trajlake.train.progress import NO_SIGNAL_WARN, TrainProgress, no_signal_cause

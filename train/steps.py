@@ -19,7 +19,7 @@ import torch
 from trajlake.errors import TrajlakeError
 from trajlake.train import engine as E
 from trajlake.train.algos import ADVANTAGES, POLICY_LOSSES, VALUE_LOSSES, aggregate, apply_kl_penalty, kl_penalty
-from trajlake.train.algos_turns import TURN_INPUTS
+from trajlake.train.algos.turns import TURN_INPUTS
 from trajlake.train.batch import Batch, micro_batches, shard
 from trajlake.train.config import TrainConfig
 

@@ -1,4 +1,4 @@
-"""The turn structure of stored episodes, as the turn-level estimators (train/algos_turns.py) read it.
+"""The turn structure of stored episodes, as the turn-level estimators (train/algos/turns.py) read it.
 
 train/batch.py lays a row out as, for each turn in order, its prompt ids then its response ids; these build
 each response token's turn number (`turn_index`, -1 elsewhere) and an id of the observation each turn

@@ -1,0 +1,200 @@
+"""The algos' registries, their entry types, the masked helpers, loss aggregation and the logits helpers."""
+
+from __future__ import annotations
+
+import torch
+
+from trajlake.registry import Registry
+
+#: Log-ratios are clamped to this before exp(), as verl does, so a wild token cannot overflow the ratio.
+LOG_RATIO_CLAMP = 20.0
+
+# ----------------------------------------------------------------------------------------------- registries
+
+
+ADVANTAGES = Registry("advantage estimator")
+POLICY_LOSSES = Registry("policy loss")
+VALUE_LOSSES = Registry("value loss")
+KL_ESTIMATORS = Registry("KL estimator")
+AGG_MODES = Registry("loss aggregation mode")
+KL_CONTROLLERS = Registry("KL controller")
+
+# ------------------------------------------------------------------------------------------------- helpers
+
+
+def _float_dtype(*tensors: torch.Tensor | None) -> torch.dtype:
+    """The dtype results are computed in: the inputs' floating dtype, at least float32."""
+    dt = torch.float32
+    for t in tensors:
+        if t is not None and t.is_floating_point():
+            dt = torch.promote_types(dt, t.dtype)
+    return dt
+
+
+def _bool(mask: torch.Tensor) -> torch.Tensor:
+    return mask if mask.dtype == torch.bool else mask != 0
+
+
+def masked_sum(x: torch.Tensor, mask: torch.Tensor, dim: int | None = None) -> torch.Tensor:
+    """Sum of ``x`` over the positions where ``mask`` is non-zero.
+
+    x, mask: same shape, e.g. (B, T). ``dim`` None sums everything (0-dim result); else that dim only.
+    Values outside the mask (even NaN/inf) are ignored and get no gradient.
+    """
+    xm = torch.where(_bool(mask), x, torch.zeros((), dtype=x.dtype, device=x.device))
+    return xm.sum() if dim is None else xm.sum(dim)
+
+
+def masked_mean(x: torch.Tensor, mask: torch.Tensor, dim: int | None = None) -> torch.Tensor:
+    """Mean of ``x`` over the masked-in positions; 0 where there are none.
+
+    x, mask: same shape, e.g. (B, T). ``dim`` None: 0-dim result; ``dim=-1``: shape (B,).
+    """
+    count = _bool(mask).sum() if dim is None else _bool(mask).sum(dim)
+    return masked_sum(x, mask, dim) / count.clamp(min=1).to(x.dtype if x.is_floating_point() else torch.float32)
+
+
+def masked_var(x: torch.Tensor, mask: torch.Tensor, unbiased: bool = True) -> torch.Tensor:
+    """Variance of ``x`` over all masked-in positions (0-dim). Bessel-corrected when ``unbiased`` and n > 1;
+    0 when fewer than 2 positions are in (unbiased) or none (biased).
+
+    x, mask: same shape, e.g. (B, T).
+    """
+    n = _bool(mask).sum()
+    mean = masked_mean(x, mask)
+    sq = masked_sum((x - mean) ** 2, mask)
+    if unbiased:
+        return torch.where(n > 1, sq / (n - 1).clamp(min=1), torch.zeros_like(sq))
+    return sq / n.clamp(min=1)
+
+
+def masked_whiten(x: torch.Tensor, mask: torch.Tensor, shift_mean: bool = True, eps: float = 1e-8) -> torch.Tensor:
+    """Whiten ``x`` with the mean and (unbiased) variance of its masked-in positions; zero outside the mask.
+
+    x, mask: shape (B, T) (any shape works; statistics are over all masked-in entries). Returns the same
+    shape: ``(x - mean) / sqrt(var + eps)``, with the mean added back when ``shift_mean`` is False.
+    """
+    mean = masked_mean(x, mask)
+    var = masked_var(x, mask)
+    out = (x - mean) * torch.rsqrt(var + eps)
+    if not shift_mean:
+        out = out + mean
+    return torch.where(_bool(mask), out, torch.zeros((), dtype=out.dtype, device=out.device))
+
+
+def _zero_outside(x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    return torch.where(_bool(mask), x, torch.zeros((), dtype=x.dtype, device=x.device))
+
+
+# -------------------------------------------------------------------------------------------- aggregation
+
+
+def _seq_count(mask: torch.Tensor) -> torch.Tensor:
+    """Number of sequences (rows) with at least one agent token; mask (B, T) -> 0-dim."""
+    return (_bool(mask).sum(-1) > 0).sum()
+
+
+def _div(num: torch.Tensor, den: torch.Tensor | float) -> torch.Tensor:
+    if isinstance(den, torch.Tensor):
+        return num / den.clamp(min=1).to(num.dtype)
+    return num / max(float(den), 1e-12)
+
+
+@AGG_MODES.register("token-mean")
+def agg_token_mean(loss_mat: torch.Tensor, mask: torch.Tensor, denominator: float | None = None,
+                   norm_constant: float | None = None) -> torch.Tensor:
+    """Sum over every masked-in token of the batch / number of masked-in tokens (or ``denominator``).
+
+    loss_mat, mask: shape (B, T). Returns a 0-dim tensor (0 when the mask is empty). Long sequences weigh
+    more (each token counts once): DAPO's token-level loss, verl's default.
+    """
+    return _div(masked_sum(loss_mat, mask), _bool(mask).sum() if denominator is None else denominator)
+
+
+@AGG_MODES.register("seq-mean-token-sum")
+def agg_seq_mean_token_sum(loss_mat: torch.Tensor, mask: torch.Tensor, denominator: float | None = None,
+                           norm_constant: float | None = None) -> torch.Tensor:
+    """Per-sequence sum over its tokens, then the mean over sequences.
+
+    loss_mat, mask: shape (B, T). Returns a 0-dim tensor. Sequences with no agent token are not counted;
+    ``denominator`` replaces the number of sequences.
+    """
+    seq = masked_sum(loss_mat, mask, dim=-1)  # (B,)
+    return _div(seq.sum(), _seq_count(mask) if denominator is None else denominator)
+
+
+@AGG_MODES.register("seq-mean-token-mean")
+def agg_seq_mean_token_mean(loss_mat: torch.Tensor, mask: torch.Tensor, denominator: float | None = None,
+                            norm_constant: float | None = None) -> torch.Tensor:
+    """Per-sequence mean over its tokens, then the mean over sequences (original GRPO; GSPO).
+
+    loss_mat, mask: shape (B, T). Returns a 0-dim tensor. Sequences with no agent token are not counted;
+    ``denominator`` replaces the number of sequences.
+    """
+    seq = masked_mean(loss_mat, mask, dim=-1)  # (B,)
+    return _div(seq.sum(), _seq_count(mask) if denominator is None else denominator)
+
+
+@AGG_MODES.register("seq-mean-token-sum-norm")
+def agg_seq_mean_token_sum_norm(loss_mat: torch.Tensor, mask: torch.Tensor, denominator: float | None = None,
+                                norm_constant: float | None = None) -> torch.Tensor:
+    """Dr. GRPO's aggregation: per-sequence token sum divided by a constant, mean over sequences.
+
+    loss_mat, mask: shape (B, T). ``norm_constant`` (default T, the padded length; Dr. GRPO uses the
+    maximum generation length) is the same for every sequence, so no length bias. Returns a 0-dim tensor;
+    ``denominator`` replaces the number of sequences.
+    """
+    c = float(loss_mat.shape[-1] if norm_constant is None else norm_constant)
+    return agg_seq_mean_token_sum(loss_mat, mask, denominator) / c
+
+
+def aggregate(loss_mat: torch.Tensor, mask: torch.Tensor, mode: str = "token-mean", *,
+              denominator: float | None = None, norm_constant: float | None = None) -> torch.Tensor:
+    """Reduce a (B, T) loss matrix over the mask to a scalar with the aggregation mode ``mode``.
+
+    loss_mat, mask: shape (B, T). Returns a 0-dim tensor. Entries outside the mask are ignored (even NaN)
+    and get no gradient. ``denominator``: token count (token-mean) or sequence count (seq-mean-*) to divide
+    by instead of this batch's, for gradient accumulation. ``norm_constant``: the constant of
+    ``seq-mean-token-sum-norm``. Modes: see :data:`AGG_MODES`.
+    """
+    return AGG_MODES[mode](loss_mat, mask, denominator=denominator, norm_constant=norm_constant)
+
+
+
+# ------------------------------------------------------------------------------------------ logits helpers
+
+
+def entropy_from_logits(logits: torch.Tensor, chunk_size: int | None = None) -> torch.Tensor:
+    """Entropy of the softmax distribution at each position: logits (B, T, V) -> (B, T).
+
+    Numerically stable: ``-sum p * log_softmax(logits)`` with log-probabilities from log_softmax
+    (logsumexp shift) and 0 * log 0 taken as 0, so -inf logits (masked vocabulary) are fine and huge
+    logits do not overflow. Computed in float32 at least (bf16/fp16 are upcast). ``chunk_size``: rows of
+    the flattened (B*T, V) view per step, to bound memory for big vocabularies. Differentiable.
+    """
+
+    def ent(x: torch.Tensor) -> torch.Tensor:
+        x = x.to(_float_dtype(x))
+        logp = torch.log_softmax(x, dim=-1)
+        p = logp.exp()
+        safe = logp.clamp(min=torch.finfo(logp.dtype).min)
+        return -(p * safe).sum(-1)
+
+    if chunk_size is None:
+        return ent(logits)
+    flat = logits.reshape(-1, logits.shape[-1])
+    out = torch.cat([ent(c) for c in flat.split(chunk_size, dim=0)]) if flat.shape[0] else flat.new_zeros(0)
+    return out.reshape(logits.shape[:-1])
+
+
+def log_probs_from_logits(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+    """Log-probability of ``labels`` under softmax(logits): logits (B, T, V), labels (B, T) int -> (B, T).
+
+    ``logits[label] - logsumexp(logits)`` in float32 at least. Differentiable in logits. (The caller aligns
+    logits at position t with the token at t + 1.)
+    """
+    x = logits.to(_float_dtype(logits))
+    picked = torch.gather(x, -1, labels.long().unsqueeze(-1)).squeeze(-1)
+    return picked - torch.logsumexp(x, dim=-1)
+
+
