@@ -7,8 +7,8 @@ import pytest
 import torch
 
 from tests.test_algos_turns import layout, random_episodes, t
-from trajlake.train.algos import turns as algos_turns
 from trajlake.train import turn_structure as AT
+from trajlake.train.algos import turns as algos_turns
 
 
 def test_turn_index_from_mask():
