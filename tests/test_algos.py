@@ -584,3 +584,50 @@ def test_registry_contents_and_uniform_signatures():
         loss, met = A.compute_policy_loss(name, log_probs=lp, old_log_probs=lp.detach() - 0.1, advantages=r,
                                           mask=m, agg_mode="token-mean", clip_low=0.2, clip_high=0.28, clip_c=3.0)
         assert loss.dim() == 0 and {"pg_loss", "pg_clipfrac", "ppo_kl"} <= set(met)
+
+
+def test_agg_modes_carry_their_denominators_and_losses_their_settings():
+    """A new token-level mode is counted per token wherever the trainer divides; a loss gets exactly the config
+    fields it declares; its summed metrics are declared, not guessed from their names."""
+    from dataclasses import dataclass
+
+    from trajlake.train.algos.core import register_agg_mode
+
+    mask = torch.tensor([[1, 1, 0], [0, 0, 0], [1, 0, 0]])
+    assert float(A.AGG_MODES["token-mean"].count(mask)) == 3
+    assert float(A.AGG_MODES["seq-mean-token-mean"].count(mask)) == 2
+    saved = dict(A.AGG_MODES._entries)
+    try:
+        register_agg_mode("token-sum-half", per="token")(lambda m, k, denominator=None, norm_constant=None: m.sum())
+        assert float(A.AGG_MODES["token-sum-half"].count(mask)) == 3
+        with pytest.raises(ValueError, match="already registered"):
+            register_agg_mode("token-mean", per="token")(lambda *a, **k: 0)
+        with pytest.raises(ValueError, match="per token or per sequence"):
+            register_agg_mode("per-row", per="row")(lambda *a, **k: 0)
+    finally:
+        A.AGG_MODES._entries = saved
+
+    @dataclass
+    class Cfg:
+        clip_low: float = 0.1
+        clip_high: float = 0.3
+        clip_c: float = 4.0
+        value_clip: float = 0.7
+
+    assert A.POLICY_LOSSES["ppo_clip"].settings(Cfg()) == {"clip_low": 0.1, "clip_high": 0.3}
+    assert A.POLICY_LOSSES["dual_clip"].settings(Cfg()) == {"clip_low": 0.1, "clip_high": 0.3, "clip_c": 4.0}
+    assert A.VALUE_LOSSES["clipped"].settings(Cfg()) == {"clip_eps": 0.7}
+    assert A.VALUE_LOSSES["mse"].settings(Cfg()) == {}
+    assert all(A.POLICY_LOSSES[n].summed == ("pg_loss",) for n in A.POLICY_LOSSES.names())
+    # every field a loss declares exists in TrainConfig
+    from trajlake.train.config import TrainConfig
+
+    fields = set(TrainConfig.__dataclass_fields__)
+    for reg in (A.POLICY_LOSSES, A.VALUE_LOSSES):
+        for n in reg.names():
+            assert set(reg[n].params.values()) <= fields, n
+    # both KL controllers are made the same way
+    for kind in A.KL_CONTROLLERS.names():
+        c = A.KL_CONTROLLERS[kind].from_settings(0.1, target_kl=1.0, horizon=10.0)
+        c.update(2.0, 4)
+        c.load_state_dict(c.state_dict())

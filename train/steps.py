@@ -18,7 +18,16 @@ import torch
 
 from trajlake.errors import TrajlakeError
 from trajlake.train import engine as E
-from trajlake.train.algos import ADVANTAGES, POLICY_LOSSES, VALUE_LOSSES, aggregate, apply_kl_penalty, kl_penalty
+from trajlake.train.algos import (
+    ADVANTAGES,
+    AGG_MODES,
+    POLICY_LOSSES,
+    VALUE_LOSSES,
+    aggregate,
+    apply_kl_penalty,
+    kl_penalty,
+    masked_mean,
+)
 from trajlake.train.algos.turns import TURN_INPUTS
 from trajlake.train.batch import Batch, micro_batches, shard
 from trajlake.train.config import TrainConfig
@@ -109,8 +118,7 @@ def _tokens_read(batch: Batch, groups: list[list[int]]) -> int:
 
 def _denominator(batch: Batch, rows: list[int], cfg: TrainConfig, world: int) -> float:
     m = batch.loss_mask[torch.as_tensor(rows, dtype=torch.long)]
-    n = m.sum() if cfg.agg_mode == "token-mean" else (m.sum(-1) > 0).sum()
-    return float(n) / world
+    return float(AGG_MODES[cfg.agg_mode].count(m)) / world  # tokens or sequences, as the mode divides by
 
 
 @torch.no_grad()
@@ -204,7 +212,7 @@ def prepare(engines: E.Engines, batch: Batch, cfg: TrainConfig, kl_ctl) -> tuple
     if cfg.is_cap is not None:
         w = torch.exp((old - behaviour).clamp(-20, 20)).clamp(max=cfg.is_cap)
         is_weights = torch.where(has_behaviour & (mask > 0), w, torch.ones_like(w))
-        metrics["is_weight_mean"] = float((is_weights * mask).sum() / mask.sum().clamp(min=1))
+        metrics["is_weight_mean"] = float(masked_mean(is_weights, mask))
     if both.any() and not lazy:
         metrics["behaviour_kl"] = float((behaviour - old)[both].mean())  # k1 estimate of KL(mu || pi_old)
     ref = None
@@ -253,12 +261,14 @@ def _context(engine, batch: Batch, rows: list[int], engines: E.Engines, n_micro:
 
 
 def minibatch_step(engine, batch: Batch, rows: list[int], cfg: TrainConfig, engines: E.Engines,
-                   micro_loss: Callable, meter: Meter, prefix: str = "", share: bool = False) -> None:
+                   micro_loss: Callable, meter: Meter, prefix: str = "", share: bool = False,
+                   summed: tuple[str, ...] = ()) -> None:
     """One optimizer step of `engine` over the mini-batch `rows`: `micro_loss(sub, idx, denominator)` gives
     each micro-batch's (loss, metrics); the step's loss and gradient norm go to `meter`. `share`: the loss's
     forward reads a prefix shared by a micro-batch's rows once (see `_micro`), and a prefix shared by the
     whole mini-batch once for all micro-batches: then `micro_loss(sub, idx, denominator, context)`, and the
-    prefix's share of the gradient goes back through its one pass before the step."""
+    prefix's share of the gradient goes back through its one pass before the step. `summed`: the metrics that
+    are shares of the mini-batch's loss (the loss's `Loss.summed`), added up; the others are token means."""
     engine.train()
     denom = _denominator(batch, rows, cfg, engines.world)
     micro = list(_micro(batch, rows, cfg, engines.world, engines.rank, share))
@@ -272,7 +282,7 @@ def minibatch_step(engine, batch: Batch, rows: list[int], cfg: TrainConfig, engi
         sums["loss"] += float(loss.detach())
         weight = float(sub.loss_mask.sum())
         for name, v in metrics.items():
-            if name.endswith("_loss"):  # a share of the mini-batch's loss (global denominator): add up
+            if name in summed:  # a share of the mini-batch's loss (global denominator): add up
                 sums[name] = sums.get(name, 0.0) + float(v)
             else:  # a mean over the micro-batch's tokens: weigh by them
                 meter.add(prefix + name, v, weight)
@@ -295,13 +305,13 @@ def actor_loss_terms(lp: torch.Tensor, ent: torch.Tensor, mask: torch.Tensor, cf
                      is_weights: torch.Tensor | None = None, ref_logprobs: torch.Tensor | None = None):
     """The actor's loss on one micro-batch, all (b, t): POLICY_LOSSES[cfg.policy_loss], minus the entropy
     bonus, plus the KL loss (kl_mode loss, when `ref_logprobs` is given). Returns (loss, metrics)."""
-    loss, m = POLICY_LOSSES[cfg.policy_loss](
-        log_probs=lp, old_log_probs=old_logprobs, advantages=advantages, mask=mask, agg_mode=cfg.agg_mode,
-        clip_low=cfg.clip_low, clip_high=cfg.clip_high, clip_c=cfg.clip_c, is_weights=is_weights,
-        denominator=denom, norm_constant=cfg.norm_constant)
+    policy_loss = POLICY_LOSSES[cfg.policy_loss]
+    loss, m = policy_loss(log_probs=lp, old_log_probs=old_logprobs, advantages=advantages, mask=mask,
+                          agg_mode=cfg.agg_mode, is_weights=is_weights, denominator=denom,
+                          norm_constant=cfg.norm_constant, **policy_loss.settings(cfg))
     m = dict(m)
     with torch.no_grad():
-        m["entropy"] = float((ent * mask).sum() / mask.sum().clamp(min=1))
+        m["entropy"] = float(masked_mean(ent, mask))
     if cfg.entropy_coef > 0:
         loss = loss - cfg.entropy_coef * aggregate(ent, mask, cfg.agg_mode, denominator=denom,
                                                    norm_constant=cfg.norm_constant)
@@ -309,7 +319,7 @@ def actor_loss_terms(lp: torch.Tensor, ent: torch.Tensor, mask: torch.Tensor, cf
         kl = kl_penalty(lp, ref_logprobs, mask, cfg.kl_estimator)
         loss = loss + kl_ctl.value * aggregate(kl, mask, cfg.agg_mode, denominator=denom,
                                                norm_constant=cfg.norm_constant)
-        m["kl"] = float(kl.detach().sum() / mask.sum().clamp(min=1))
+        m["kl"] = float(masked_mean(kl.detach(), mask))
     return loss, m
 
 
@@ -344,9 +354,9 @@ def rl_update(engines: E.Engines, prep: Prepared, cfg: TrainConfig, kl_ctl, *, s
     def critic_loss(sub: Batch, idx: list[int], denom: float):
         w, mask = w_of(sub), sub.loss_mask.to(E.device())
         v = E.forward_values(engines.critic, sub.input_ids, sub.attention_mask)
-        return VALUE_LOSSES[cfg.value_loss](values=v, old_values=_take(prep.values, idx, w),
-                                            returns=_take(prep.returns, idx, w), mask=mask, clip_eps=cfg.value_clip,
-                                            denominator=denom, **loss_kw)
+        vl = VALUE_LOSSES[cfg.value_loss]
+        return vl(values=v, old_values=_take(prep.values, idx, w), returns=_take(prep.returns, idx, w), mask=mask,
+                  denominator=denom, **loss_kw, **vl.settings(cfg))
 
     gen = torch.Generator().manual_seed(seed)
     tokens = 0
@@ -364,11 +374,13 @@ def rl_update(engines: E.Engines, prep: Prepared, cfg: TrainConfig, kl_ctl, *, s
         if engines.critic is not None:
             for start in range(0, batch.size, cfg.minibatch_size):
                 rows = perm[start:start + cfg.minibatch_size]
-                minibatch_step(engines.critic, batch, rows, cfg, engines, critic_loss, meter, prefix="critic_")
+                minibatch_step(engines.critic, batch, rows, cfg, engines, critic_loss, meter, prefix="critic_",
+                               summed=VALUE_LOSSES[cfg.value_loss].summed)
         kept = [i for i in perm if i in actor_rows] if train_actor else []
         for start in range(0, len(kept), cfg.minibatch_size):
             rows = kept[start:start + cfg.minibatch_size]
-            minibatch_step(engines.actor, batch, rows, cfg, engines, actor_loss, meter, share=share)
+            minibatch_step(engines.actor, batch, rows, cfg, engines, actor_loss, meter, share=share,
+                           summed=POLICY_LOSSES[cfg.policy_loss].summed)
             tokens += int(batch.attention_mask[torch.as_tensor(rows)].sum())
     out = meter.result()
     if prep.ref_logprobs is not None and cfg.kl_mode == "loss" and "kl" in out:
@@ -388,7 +400,7 @@ def sft_loss(engines: E.Engines, cfg: TrainConfig):
                                    start=E.first_scored(sub.loss_mask), share_prefix=share, context=context)
         loss = aggregate(-lp, mask, cfg.agg_mode, denominator=denom, norm_constant=cfg.norm_constant)
         with torch.no_grad():
-            nll = float((-lp * mask).sum() / mask.sum().clamp(min=1))
+            nll = float(masked_mean(-lp, mask))
         return loss, {"nll": nll}
 
     return loss_fn

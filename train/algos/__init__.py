@@ -33,11 +33,15 @@ Registries (:class:`trajlake.registry.Registry`), keyed by name (``REGISTRY[name
 Helpers: :func:`masked_sum`, :func:`masked_mean`, :func:`masked_var`, :func:`masked_whiten`,
 :func:`entropy_from_logits`, :func:`log_probs_from_logits`, :func:`kl_penalty`, :func:`apply_kl_penalty`.
 
-Design: a policy loss computes a (B, T) loss matrix (zero outside the mask) and aggregates it itself, so the
-trainer writes ``loss, m = POLICY_LOSSES[name](log_probs=..., old_log_probs=..., advantages=..., mask=...,
-agg_mode=cfg.agg_mode, **cfg.loss_kwargs)``; the entropy bonus and a KL loss are aggregated with the same
-:func:`aggregate` and ``agg_mode``. For gradient accumulation over micro-batches pass ``denominator`` (the
-token or sequence count of the whole mini-batch) so the micro-batch losses add up to the mini-batch loss.
+Design: a policy loss computes a (B, T) loss matrix (zero outside the mask) and aggregates it itself. Losses
+are registered as :class:`~.core.Loss` entries that declare the TrainConfig fields they read (``params``) and
+which of their metrics are shares of the mini-batch's loss (``summed``), so the trainer writes
+``loss_fn = POLICY_LOSSES[name]; loss_fn(log_probs=..., old_log_probs=..., advantages=..., mask=...,
+agg_mode=cfg.agg_mode, **loss_fn.settings(cfg))``; the entropy bonus and a KL loss are aggregated with the
+same :func:`aggregate` and ``agg_mode``. For gradient accumulation over micro-batches pass ``denominator``:
+``AGG_MODES[mode].count(mask)`` of the whole mini-batch (its tokens or its sequences, as the mode says), so
+the micro-batch losses add up to the mini-batch loss. KL controllers share one interface
+(``from_settings``, ``value``, ``update``, ``state_dict``).
 
 Conventions follow verl's ``trainer/ppo/core_algos.py`` (loss = minus the surrogate; ratio from log-prob
 differences clamped to [-20, 20]; clip fraction = share of tokens where the clipped term is the active one),

@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
 import torch
 
 from trajlake.registry import Registry
@@ -9,15 +13,98 @@ from trajlake.registry import Registry
 #: Log-ratios are clamped to this before exp(), as verl does, so a wild token cannot overflow the ratio.
 LOG_RATIO_CLAMP = 20.0
 
+# ------------------------------------------------------------------------------------------ entry types
+
+
+class AdvantageFn(Protocol):
+    """``(*, token_level_rewards, mask, values=None, group_ids=None, gamma, lam, ...) -> (advantages,
+    returns)``: tensors (B, T), zero outside the mask. Every estimator takes one keyword-only signature and
+    ignores what it does not read (see :func:`~trajlake.train.algos.advantages.compute_gae`)."""
+
+    def __call__(self, **kwargs: Any) -> tuple[torch.Tensor, torch.Tensor]: ...
+
+
+class KLEstimatorFn(Protocol):
+    """``(log_probs, ref_log_probs) -> (B, T)`` elementwise estimate of KL(pi || ref) on tokens sampled from pi."""
+
+    def __call__(self, log_probs: torch.Tensor, ref_log_probs: torch.Tensor) -> torch.Tensor: ...
+
+
+@dataclass(frozen=True)
+class Loss:
+    """A registered policy or value loss: ``fn(**kwargs) -> (loss, metrics)`` (a 0-dim loss already aggregated
+    with ``agg_mode``; metrics as detached 0-dim tensors), called like ``fn``.
+
+    ``params`` maps the loss's hyper-parameter keywords to the TrainConfig fields that hold them (``{"clip_eps":
+    "value_clip"}``): the trainer passes exactly these, so a new hyper-parameter is a config field and one
+    entry here. ``summed`` names its metrics that are a share of the mini-batch's loss (aggregated with the
+    mini-batch's denominator), which the trainer adds up over micro-batches; every other metric is a mean
+    over the micro-batch's tokens, weighed by them."""
+
+    fn: Callable[..., tuple[torch.Tensor, dict[str, torch.Tensor]]]
+    params: Mapping[str, str] = field(default_factory=dict)
+    summed: tuple[str, ...] = ()
+
+    def __call__(self, **kwargs: Any) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        return self.fn(**kwargs)
+
+    def settings(self, config: Any) -> dict[str, Any]:
+        """The hyper-parameters this loss reads, from `config` (a TrainConfig)."""
+        return {kw: getattr(config, name) for kw, name in self.params.items()}
+
+
+def register_loss(registry: Registry[Loss], name: str, *aliases: str, params: Mapping[str, str] | None = None,
+                  summed: tuple[str, ...] = ()) -> Callable:
+    """Decorator: register the loss function under ``name`` (and ``aliases``) as a :class:`Loss`."""
+
+    def deco(fn: Callable) -> Callable:
+        registry.add(name, Loss(fn, dict(params or {}), summed), *aliases)
+        return fn
+
+    return deco
+
+
+@dataclass(frozen=True)
+class AggMode:
+    """A loss aggregation mode: ``reduce(loss_mat, mask, denominator=None, norm_constant=None) -> 0-dim``, and
+    what its denominator counts (``per``: ``token`` or ``sequence``), so a trainer that splits a mini-batch into
+    micro-batches divides each by the whole mini-batch's :meth:`count`. Called like ``reduce``."""
+
+    reduce: Callable[..., torch.Tensor]
+    per: str
+
+    def __post_init__(self):
+        if self.per not in ("token", "sequence"):
+            raise ValueError(f"an aggregation mode counts per token or per sequence, got {self.per!r}")
+
+    def __call__(self, loss_mat: torch.Tensor, mask: torch.Tensor, denominator: float | None = None,
+                 norm_constant: float | None = None) -> torch.Tensor:
+        return self.reduce(loss_mat, mask, denominator=denominator, norm_constant=norm_constant)
+
+    def count(self, mask: torch.Tensor) -> torch.Tensor:
+        """The denominator of ``mask`` (B, T): its agent tokens, or its sequences with at least one."""
+        return _bool(mask).sum() if self.per == "token" else _seq_count(mask)
+
+
+def register_agg_mode(name: str, *, per: str) -> Callable:
+    """Decorator: register the reduce function under ``name`` as an :class:`AggMode` counting ``per``."""
+
+    def deco(fn: Callable) -> Callable:
+        AGG_MODES.add(name, AggMode(fn, per))
+        return fn
+
+    return deco
+
+
 # ----------------------------------------------------------------------------------------------- registries
 
 
-ADVANTAGES = Registry("advantage estimator")
-POLICY_LOSSES = Registry("policy loss")
-VALUE_LOSSES = Registry("value loss")
-KL_ESTIMATORS = Registry("KL estimator")
-AGG_MODES = Registry("loss aggregation mode")
-KL_CONTROLLERS = Registry("KL controller")
+ADVANTAGES: Registry[AdvantageFn] = Registry("advantage estimator")
+POLICY_LOSSES: Registry[Loss] = Registry("policy loss")
+VALUE_LOSSES: Registry[Loss] = Registry("value loss")
+KL_ESTIMATORS: Registry[KLEstimatorFn] = Registry("KL estimator")
+AGG_MODES: Registry[AggMode] = Registry("loss aggregation mode")
+KL_CONTROLLERS: Registry[type] = Registry("KL controller")
 
 # ------------------------------------------------------------------------------------------------- helpers
 
@@ -100,7 +187,7 @@ def _div(num: torch.Tensor, den: torch.Tensor | float) -> torch.Tensor:
     return num / max(float(den), 1e-12)
 
 
-@AGG_MODES.register("token-mean")
+@register_agg_mode("token-mean", per="token")
 def agg_token_mean(loss_mat: torch.Tensor, mask: torch.Tensor, denominator: float | None = None,
                    norm_constant: float | None = None) -> torch.Tensor:
     """Sum over every masked-in token of the batch / number of masked-in tokens (or ``denominator``).
@@ -111,7 +198,7 @@ def agg_token_mean(loss_mat: torch.Tensor, mask: torch.Tensor, denominator: floa
     return _div(masked_sum(loss_mat, mask), _bool(mask).sum() if denominator is None else denominator)
 
 
-@AGG_MODES.register("seq-mean-token-sum")
+@register_agg_mode("seq-mean-token-sum", per="sequence")
 def agg_seq_mean_token_sum(loss_mat: torch.Tensor, mask: torch.Tensor, denominator: float | None = None,
                            norm_constant: float | None = None) -> torch.Tensor:
     """Per-sequence sum over its tokens, then the mean over sequences.
@@ -123,7 +210,7 @@ def agg_seq_mean_token_sum(loss_mat: torch.Tensor, mask: torch.Tensor, denominat
     return _div(seq.sum(), _seq_count(mask) if denominator is None else denominator)
 
 
-@AGG_MODES.register("seq-mean-token-mean")
+@register_agg_mode("seq-mean-token-mean", per="sequence")
 def agg_seq_mean_token_mean(loss_mat: torch.Tensor, mask: torch.Tensor, denominator: float | None = None,
                             norm_constant: float | None = None) -> torch.Tensor:
     """Per-sequence mean over its tokens, then the mean over sequences (original GRPO; GSPO).
@@ -135,7 +222,7 @@ def agg_seq_mean_token_mean(loss_mat: torch.Tensor, mask: torch.Tensor, denomina
     return _div(seq.sum(), _seq_count(mask) if denominator is None else denominator)
 
 
-@AGG_MODES.register("seq-mean-token-sum-norm")
+@register_agg_mode("seq-mean-token-sum-norm", per="sequence")
 def agg_seq_mean_token_sum_norm(loss_mat: torch.Tensor, mask: torch.Tensor, denominator: float | None = None,
                                 norm_constant: float | None = None) -> torch.Tensor:
     """Dr. GRPO's aggregation: per-sequence token sum divided by a constant, mean over sequences.
@@ -153,8 +240,9 @@ def aggregate(loss_mat: torch.Tensor, mask: torch.Tensor, mode: str = "token-mea
     """Reduce a (B, T) loss matrix over the mask to a scalar with the aggregation mode ``mode``.
 
     loss_mat, mask: shape (B, T). Returns a 0-dim tensor. Entries outside the mask are ignored (even NaN)
-    and get no gradient. ``denominator``: token count (token-mean) or sequence count (seq-mean-*) to divide
-    by instead of this batch's, for gradient accumulation. ``norm_constant``: the constant of
+    and get no gradient. ``denominator``: the mode's count (``AGG_MODES[mode].count``: tokens for token-mean,
+    sequences for seq-mean-*) of the whole mini-batch, to divide by instead of this batch's, for gradient
+    accumulation. ``norm_constant``: the constant of
     ``seq-mean-token-sum-norm``. Modes: see :data:`AGG_MODES`.
     """
     return AGG_MODES[mode](loss_mat, mask, denominator=denominator, norm_constant=norm_constant)

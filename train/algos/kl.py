@@ -85,6 +85,12 @@ class FixedKLController:
     def __init__(self, kl_coef: float, **_: Any):
         self.value = float(kl_coef)
 
+    @classmethod
+    def from_settings(cls, kl_coef: float, *, target_kl: float | None = None,
+                      horizon: float | None = None) -> FixedKLController:
+        """The controller for a config's settings (a fixed one reads only `kl_coef`)."""
+        return cls(kl_coef)
+
     def update(self, current_kl: float, n_steps: int) -> None:
         """No-op."""
 
@@ -111,6 +117,14 @@ class AdaptiveKLController:
         self.target = float(target_kl)
         self.horizon = float(horizon)
 
+    @classmethod
+    def from_settings(cls, kl_coef: float, *, target_kl: float | None = None,
+                      horizon: float | None = None) -> AdaptiveKLController:
+        """The controller for a config's settings: it needs `target_kl` and `horizon`."""
+        if target_kl is None or horizon is None:
+            raise ValueError("an adaptive KL controller needs target_kl and horizon")
+        return cls(kl_coef, target_kl, horizon)
+
     def update(self, current_kl: float, n_steps: int) -> None:
         err = min(max(float(current_kl) / self.target - 1.0, -0.2), 0.2)
         self.value *= 1.0 + err * n_steps / self.horizon
@@ -124,12 +138,6 @@ class AdaptiveKLController:
 
 def make_kl_controller(kind: str = "fixed", kl_coef: float = 0.001, target_kl: float | None = None,
                        horizon: float | None = None):
-    """Build a KL controller by name (``fixed`` or ``adaptive``; the latter needs target_kl and horizon)."""
-    cls = KL_CONTROLLERS[kind]
-    if cls is AdaptiveKLController:
-        if target_kl is None or horizon is None:
-            raise ValueError("an adaptive KL controller needs target_kl and horizon")
-        return cls(kl_coef, target_kl, horizon)
-    return cls(kl_coef)
-
-
+    """Build a KL controller by name (``fixed`` or ``adaptive``; the latter needs target_kl and horizon): every
+    controller has ``from_settings``, ``value``, ``update``, ``state_dict`` and ``load_state_dict``."""
+    return KL_CONTROLLERS[kind].from_settings(kl_coef, target_kl=target_kl, horizon=horizon)

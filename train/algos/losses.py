@@ -12,6 +12,7 @@ from trajlake.train.algos.core import (
     _zero_outside,
     aggregate,
     masked_mean,
+    register_loss,
 )
 
 # ------------------------------------------------------------------------------------------ policy losses
@@ -19,6 +20,10 @@ from trajlake.train.algos.core import (
 # Every policy loss has the same keyword-only signature and returns (loss, metrics): loss is a 0-dim
 # tensor, the (B, T) loss matrix aggregated over the mask with `agg_mode`; metrics are detached 0-dim
 # tensors (pg_loss, pg_clipfrac, ppo_kl, ratio_mean, ...). Masked-out positions never get a gradient.
+
+
+#: the clip range's keywords and the TrainConfig fields that hold them
+CLIP = {"clip_low": "clip_low", "clip_high": "clip_high"}
 
 
 def _log_ratio(log_probs: torch.Tensor, old_log_probs: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
@@ -42,7 +47,7 @@ def _finish(loss_mat, mask, agg_mode, is_weights, denominator, norm_constant, me
     return loss, metrics
 
 
-@POLICY_LOSSES.register("ppo_clip", "vanilla")
+@register_loss(POLICY_LOSSES, "ppo_clip", "vanilla", params=CLIP, summed=("pg_loss",))
 def ppo_clip_loss(*, log_probs: torch.Tensor, old_log_probs: torch.Tensor, advantages: torch.Tensor,
                   mask: torch.Tensor, agg_mode: str = "token-mean", clip_low: float = 0.2,
                   clip_high: float = 0.2, clip_c: float = 3.0, is_weights: torch.Tensor | None = None,
@@ -70,7 +75,7 @@ def ppo_clip_loss(*, log_probs: torch.Tensor, old_log_probs: torch.Tensor, advan
     return _finish(loss_mat, mask, agg_mode, is_weights, denominator, norm_constant, metrics, l2 > l1, lr.detach())
 
 
-@POLICY_LOSSES.register("dual_clip")
+@register_loss(POLICY_LOSSES, "dual_clip", params={**CLIP, "clip_c": "clip_c"}, summed=("pg_loss",))
 def dual_clip_loss(*, log_probs: torch.Tensor, old_log_probs: torch.Tensor, advantages: torch.Tensor,
                    mask: torch.Tensor, agg_mode: str = "token-mean", clip_low: float = 0.2,
                    clip_high: float = 0.2, clip_c: float = 3.0, is_weights: torch.Tensor | None = None,
@@ -101,7 +106,7 @@ def dual_clip_loss(*, log_probs: torch.Tensor, old_log_probs: torch.Tensor, adva
     return _finish(loss_mat, mask, agg_mode, is_weights, denominator, norm_constant, metrics, l2 > l1, lr.detach())
 
 
-@POLICY_LOSSES.register("gspo")
+@register_loss(POLICY_LOSSES, "gspo", params=CLIP, summed=("pg_loss",))
 def gspo_loss(*, log_probs: torch.Tensor, old_log_probs: torch.Tensor, advantages: torch.Tensor,
               mask: torch.Tensor, agg_mode: str = "seq-mean-token-mean", clip_low: float = 3e-4,
               clip_high: float = 4e-4, clip_c: float = 3.0, is_weights: torch.Tensor | None = None,
@@ -143,7 +148,7 @@ def compute_policy_loss(name: str, **kwargs) -> tuple[torch.Tensor, dict[str, to
 # ----------------------------------------------------------------------------------------------- value loss
 
 
-@VALUE_LOSSES.register("clipped")
+@register_loss(VALUE_LOSSES, "clipped", params={"clip_eps": "value_clip"}, summed=("vf_loss",))
 def value_loss(*, values: torch.Tensor, old_values: torch.Tensor, returns: torch.Tensor, mask: torch.Tensor,
                clip_eps: float = 0.5, agg_mode: str = "token-mean", denominator: float | None = None,
                norm_constant: float | None = None) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
@@ -167,7 +172,7 @@ def value_loss(*, values: torch.Tensor, old_values: torch.Tensor, returns: torch
     return loss, metrics
 
 
-@VALUE_LOSSES.register("mse")
+@register_loss(VALUE_LOSSES, "mse", summed=("vf_loss",))
 def mse_value_loss(*, values: torch.Tensor, old_values: torch.Tensor | None = None, returns: torch.Tensor,
                    mask: torch.Tensor, clip_eps: float = 0.5, agg_mode: str = "token-mean",
                    denominator: float | None = None,
