@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from tests.test_algos_turns import layout, random_episodes, t
+from tests.algos_helpers import layout, random_episodes, t
 from trajlake.train import turn_structure as AT
 from trajlake.train.algos import turns as algos_turns
 
