@@ -12,7 +12,7 @@ import torch
 
 from trajlake.collect.chat import ChatRenderer, full_sequence
 from trajlake.collect.config import CollectConfig
-from trajlake.collect.models import build_tiny_model
+from trajlake.lm.build import build_tiny_model
 from trajlake.store import Lake
 from trajlake.train.batch import EpisodeSeq
 from trajlake.train.config import TrainConfig

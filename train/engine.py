@@ -244,7 +244,7 @@ MIN_SHARED_PREFIX = 16
 def can_share_prefix(model) -> bool:
     """Whether `forward_logprobs` can read a prefix shared by the rows once for `model`: a causal LM with
     full attention (sdpa or eager) that takes `logits_to_keep`, not partitioned by ZeRO-3."""
-    from trajlake.collect.policies.hf import cache_unsupported
+    from trajlake.lm.prefix import cache_unsupported
 
     module = getattr(model, "module", model)
     stage = getattr(model, "zero_optimization_stage", None)
