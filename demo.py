@@ -150,14 +150,14 @@ class RecipeResult:
 
 def build_model(models: Path, model: str) -> Path:
     """`<models>/<model>` (tiny or smollm2), built offline when it is not there yet; its absolute path."""
-    from trajlake.collect.models import build_tiny_model, model_summary
+    from trajlake.lm.build import build_tiny_model, model_summary
 
     path = models / model
     if not (path / "model.safetensors").exists():
         if model == "tiny":
             build_tiny_model(path)
         else:
-            from trajlake.collect.models_smollm2 import convert_smollm2
+            from trajlake.lm.smollm2 import convert_smollm2
 
             convert_smollm2(path)
     console.print(f"model {path}: {model_summary(path)['params']:,} parameters")

@@ -109,13 +109,13 @@ def main(argv=None) -> int:
 
     if args.threads:
         torch.set_num_threads(args.threads)
-    from trajlake.collect.models import build_tiny_model
-    from trajlake.collect.policies.hf import load_model
+    from trajlake.lm.build import build_tiny_model
+    from trajlake.lm.load import load_model, load_tokenizer
 
     with tempfile.TemporaryDirectory(prefix="trajlake-bench-") as tmp:
         tmp = Path(tmp)
         model_dir = args.model or str(build_tiny_model(tmp / "tiny"))
-        model, tokenizer = load_model(model_dir)
+        model, tokenizer = load_model(model_dir), load_tokenizer(model_dir)
         with torch.inference_mode():  # warm up the kernels and allocator once, untimed
             model.generate(input_ids=torch.tensor([[1, 2, 3]]), max_new_tokens=4, do_sample=False,
                            pad_token_id=tokenizer.pad_token_id)

@@ -203,14 +203,14 @@ def run_trl(args, model_dir: str, work: Path) -> dict:
     from transformers import TrainerCallback
     from trl import GRPOConfig, GRPOTrainer
 
-    from trajlake.collect.policies.hf import load_model
+    from trajlake.lm.load import load_model, load_tokenizer
 
     datasets.disable_progress_bars()
     env, template, tasks, system = setup_env(args)
     by_id = {t.task_id: t for t in tasks}
     msgs = prompt_messages(env, tasks, system)
     data = datasets.Dataset.from_list([{"prompt": m, "task_id": t.task_id} for m, t in zip(msgs, tasks, strict=True)])
-    model, tokenizer = load_model(model_dir)
+    model, tokenizer = load_model(model_dir), load_tokenizer(model_dir)
     n = args.prompts * args.samples
     tokens: list[int] = []
     rewards: list[float] = []
@@ -348,7 +348,7 @@ def main(argv=None) -> int:
             print(f"bench/train.py: {why}", file=sys.stderr)
             return 2
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    from trajlake.collect.models import build_tiny_model
+    from trajlake.lm.build import build_tiny_model
 
     with tempfile.TemporaryDirectory(prefix="trajlake-bench-train-") as tmp:
         tmp = Path(tmp)

@@ -13,9 +13,9 @@ import torch
 
 from trajlake.collect.chat import ChatRenderer, full_sequence
 from trajlake.collect.config import CollectConfig
-from trajlake.collect.models import build_tiny_model
 from trajlake.collect.policies.hf import HFPolicy
 from trajlake.collect.rollout import collect
+from trajlake.lm.build import build_tiny_model
 from trajlake.rewards import SPECS_DIR, default_spec, load_spec
 from trajlake.rewards.score import score
 from trajlake.schemas.records import Policy, Run, TrainStep

@@ -20,11 +20,11 @@ from tests.helpers import cfg, episodes_of, turns_of
 from trajlake.collect.envs import make_env
 from trajlake.collect.envs.agentgym_client import EnvServerError, detect_preset, resolve_env_name
 from trajlake.collect.envs.agentgym_launch import textcraft_server
-from trajlake.collect.importers import load_tokenizer
 from trajlake.collect.policies.scripted import ScriptedPolicy
 from trajlake.collect.rollout import collect
 from trajlake.collect.templates import get_template
 from trajlake.errors import TrajlakeError
+from trajlake.lm.load import load_tokenizer
 from trajlake.store import Lake
 
 FAST = {"timeout": 10.0, "connect_timeout": 2.0, "retries": 1, "backoff": 0.05}
@@ -222,7 +222,7 @@ def test_a_killed_real_server_loses_nothing_and_a_resume_retries_what_failed(tin
     with Lake.open(str(tmp_path / "lake")) as lake:
         with textcraft_server() as server:
             config = cfg(**{**base, "env_url": server.url})
-            collect(config, lake, policy=_KillsTheServer(server.process, load_tokenizer(tiny)[0]))
+            collect(config, lake, policy=_KillsTheServer(server.process, load_tokenizer(tiny)))
         eps = episodes_of(lake, "killed")
         errors = eps.filter(eps["status"] == "error")
         assert eps.height == 6 and errors.height >= 1 and (eps["status"] == "ok").sum() >= 1

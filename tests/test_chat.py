@@ -3,7 +3,7 @@
 import pytest
 
 from trajlake.collect.chat import ChatRenderer, full_sequence
-from trajlake.collect.models import build_tiny_model
+from trajlake.lm.build import build_tiny_model
 
 
 @pytest.fixture(scope="module")

@@ -14,8 +14,8 @@ from tests.conftest import SHARED
 from trajlake.collect.chat import ChatRenderer, ChatTemplateError, full_sequence
 from trajlake.collect.importers import TrajectoryImportError, import_agentgym, read_records
 from trajlake.collect.importers.agentgym import ROLES, parse_action
-from trajlake.collect.models import CHAT_TEMPLATE, build_tiny_model
 from trajlake.errors import TrajlakeError
+from trajlake.lm.build import CHAT_TEMPLATE, build_tiny_model
 from trajlake.schemas.records import Turn
 from trajlake.store import Lake
 

@@ -1,4 +1,4 @@
-"""Tests for the offline tiny-model builder (trajlake.collect.models)."""
+"""Tests for the offline tiny-model builder (trajlake.lm.build)."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ import torch
 from safetensors.torch import load_file
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from trajlake.collect.models import build_tiny_model, model_summary
+from trajlake.lm.build import build_tiny_model, model_summary
 
 MESSAGES = [
     {"role": "system", "content": "You play a maze game."},
@@ -129,7 +129,7 @@ def test_build_does_not_touch_global_rng(tmp_path):
 def test_bpe_training_is_deterministic_across_processes():
     # Rust hash maps are seeded per process, so ordering bugs would only show across processes.
     code = (
-        "import hashlib; from trajlake.collect.models import _train_bpe; "
+        "import hashlib; from trajlake.lm.build import _train_bpe; "
         "print(hashlib.sha256(_train_bpe(2048).to_str().encode()).hexdigest())"
     )
     digests = set()
@@ -137,7 +137,7 @@ def test_bpe_training_is_deterministic_across_processes():
         env = {**os.environ, "TOKENIZERS_PARALLELISM": parallel}
         res = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
         digests.add(res.stdout.strip())
-    from trajlake.collect.models import _train_bpe
+    from trajlake.lm.build import _train_bpe
 
     digests.add(hashlib.sha256(_train_bpe(2048).to_str().encode()).hexdigest())
     assert len(digests) == 1

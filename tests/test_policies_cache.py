@@ -11,14 +11,16 @@ import pytest
 import torch
 
 from trajlake.collect.policies import Request, SamplingParams
-from trajlake.collect.policies.hf import HFPolicy, cache_unsupported, common_prefix, load_model
+from trajlake.collect.policies.hf import HFPolicy
+from trajlake.lm.load import load_model, load_tokenizer
+from trajlake.lm.prefix import cache_unsupported
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 @pytest.fixture(scope="module")
 def loaded(tiny):
-    return load_model(tiny)
+    return load_model(tiny), load_tokenizer(tiny)
 
 
 def policy(tiny, loaded, **kw) -> HFPolicy:
@@ -306,16 +308,6 @@ def test_eager_attention_and_unsupported_models(tiny):
         eager.config.sliding_window = None
     eager.config._attn_implementation = "flex_attention"
     assert "flex_attention" in cache_unsupported(eager)
-
-
-def test_common_prefix():
-    assert common_prefix([], [1]) == 0
-    assert common_prefix([1, 2, 3], [1, 2, 3, 4]) == 3
-    assert common_prefix([1, 2, 3, 4], [1, 2, 3]) == 3
-    for cut in range(10):
-        a = list(range(10))
-        b = a[:cut] + [99] + a[cut + 1:]
-        assert common_prefix(a, b) == common_prefix(b, a) == cut
 
 
 @pytest.mark.parametrize("top_p, kept", [(1.0, 5), (0.75, 3), (0.3, 1)])

@@ -31,11 +31,11 @@ from tests.helpers import (
 from trajlake.collect.chat import ChatRenderer, full_sequence
 from trajlake.collect.config import CollectConfig
 from trajlake.collect.envs import env_names, make_env
-from trajlake.collect.importers import load_tokenizer
 from trajlake.collect.policies.hf import HFPolicy
 from trajlake.collect.rollout import collect, episode_id
 from trajlake.collect.templates import get_template
 from trajlake.errors import TrajlakeError
+from trajlake.lm.load import load_tokenizer
 from trajlake.store import Lake
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
@@ -82,7 +82,7 @@ def test_scripted_experts_collect_every_env(env, tiny, shared):
     turns = turns_of(lake, run_id)
     assert turns.height == eps["num_turns"].sum()
     assert_episodes_whole(lake, run_id)
-    renderer = ChatRenderer(load_tokenizer(tiny)[0])
+    renderer = ChatRenderer(load_tokenizer(tiny))
     by_ep = turns_by_episode(lake, run_id)
     for row in eps.iter_rows(named=True):
         ts = by_ep[row["episode_id"]]

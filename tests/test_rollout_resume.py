@@ -18,12 +18,12 @@ import pytest
 from tests.helpers import assert_episodes_whole, cfg, episodes_of
 from trajlake.collect.config import CollectConfig
 from trajlake.collect.envs import make_env
-from trajlake.collect.importers import load_tokenizer
 from trajlake.collect.policies.scripted import ScriptedPolicy
 from trajlake.collect.rollout import RunErrors, collect, episode_id, run_errors
 from trajlake.collect.summary import run_summary
 from trajlake.collect.templates import get_template
 from trajlake.errors import TrajlakeError
+from trajlake.lm.load import load_tokenizer
 from trajlake.store import Lake
 
 # ---- resume after SIGKILL ---------------------------------------------------------------------------
@@ -120,7 +120,7 @@ def test_agentgym_server_killed_mid_run(tiny, shared):
     try:
         config = cfg(env="agentgym/trajlake", env_url=server.url, policy="scripted:guess",
                      tokenizer=str(tiny), tasks=8, concurrency=3, max_turns=10)
-        policy = _ServerKiller(server, load_tokenizer(tiny)[0])
+        policy = _ServerKiller(server, load_tokenizer(tiny))
         run_id = collect(config, lake, policy=policy)
     finally:
         server.stop()
@@ -261,7 +261,7 @@ def test_resume_retries_exactly_the_errored_pairs_and_keeps_their_history(tiny, 
     # the stored retry is done, the other gets the same attempt number it would have had (2), once
     flaky_env.failing = set()
     with pytest.raises(RuntimeError, match="crashed"):
-        collect(replace(config, concurrency=1), lake, policy=_CrashAtStart(2, load_tokenizer(tiny)[0]))
+        collect(replace(config, concurrency=1), lake, policy=_CrashAtStart(2, load_tokenizer(tiny)))
     assert lake.query("SELECT status FROM runs WHERE run_id = 'flaky'")["status"][0] == "failed"
     crashed = episodes_of(lake, "flaky")
     assert crashed.height == 13

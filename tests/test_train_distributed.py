@@ -24,6 +24,7 @@ STEP = """
 import json, os, sys
 import torch
 from tests.helpers import flat_params, small_cfg, synthetic
+from trajlake.train import distributed as D
 from trajlake.train import engine as E
 from trajlake.train.algos import make_kl_controller
 from trajlake.train.batch import collate
@@ -38,10 +39,10 @@ prep, _ = prepare(eng, batch, cfg, kl)
 m = rl_update(eng, prep, cfg, kl, seed=0)
 if stage == 3:
     sd = eng.actor._zero3_consolidated_16bit_state_dict()
-    params = torch.cat([v.float().reshape(-1) for k, v in sorted(sd.items())]) if E.is_main() else None
+    params = torch.cat([v.float().reshape(-1) for k, v in sorted(sd.items())]) if D.is_main() else None
 else:
     params = torch.cat([v.float().reshape(-1) for k, v in sorted(eng.actor.module.state_dict().items())])
-if E.is_main():
+if D.is_main():
     torch.save({"metrics": m, "world": eng.world, "params": params, "old": prep.old_logprobs}, out)
 """
 

@@ -10,7 +10,9 @@ import pytest
 import torch
 
 from tests.helpers import flat_params, small_cfg, tiny_model_dir
+from trajlake.lm.prefix import MIN_SHARED_PREFIX
 from trajlake.train import engine as E
+from trajlake.train import forward as FW
 from trajlake.train import steps as S
 from trajlake.train.algos import make_kl_controller
 from trajlake.train.batch import EpisodeSeq, collate, micro_batches
@@ -45,18 +47,23 @@ def grouped(n_groups: int, group_size: int, *, seed: int = 0, prompt: int = 40, 
 def test_shared_prefix_and_kept_logits_match_the_full_pass(model):
     cfg = small_cfg(model)
     eng = E.build_engines(cfg, str(model))
-    assert E.can_share_prefix(eng.actor)
+    assert FW.can_share_prefix(eng.actor)
     net = eng.actor.module  # the module itself: its gradients read directly
     b = collate(grouped(1, 4), eng.pad_id)
-    start = E.first_scored(b.loss_mask)
-    assert start > E.MIN_SHARED_PREFIX and E.shared_prefix(b.input_ids, b.attention_mask, start) == start
+    start = FW.first_scored(b.loss_mask)
+    assert start > MIN_SHARED_PREFIX and FW.shared_prefix(b.input_ids, b.attention_mask, start) == start
     mask = b.loss_mask
     net.train()
     results = []
-    for kw in ({}, {"start": start}, {"start": start, "share_prefix": True}):
+    # the plain pass, logits kept from `start` on, the shared prefix read once, and that read from a Context
+    for kw in ({}, {"start": start}, {"start": start, "share_prefix": True}, {"start": start, "context": 20}):
         net.zero_grad()
-        lp, ent = E.forward_logprobs(net, b.input_ids, b.attention_mask, temperature=0.7, entropy=True, **kw)
+        if "context" in kw:  # the keys and values of the first 20 tokens, computed beforehand
+            kw = {**kw, "share_prefix": True, "context": FW.prefix_context(net, b.input_ids[:1, :kw["context"]])}
+        lp, ent = FW.forward_logprobs(net, b.input_ids, b.attention_mask, temperature=0.7, entropy=True, **kw)
         ((lp + 0.1 * ent) * mask).sum().backward()
+        if "context" in kw:  # the prefix's share of the gradient, through its own pass
+            FW.context_loss(kw["context"]).backward()
         grads = torch.cat([p.grad.reshape(-1).clone() for p in net.parameters()])
         results.append((lp.detach() * mask, ent.detach() * mask, grads))
     (lp0, ent0, g0) = results[0]
@@ -69,12 +76,12 @@ def test_shared_prefix_and_kept_logits_match_the_full_pass(model):
 def test_shared_prefix_length():
     ids = torch.tensor([[5, 6, 7, 8, 0], [5, 6, 7, 9, 9], [5, 6, 7, 8, 1]])
     attn = torch.tensor([[1, 1, 1, 1, 0], [1, 1, 1, 1, 1], [1, 1, 1, 1, 1]])
-    assert E.shared_prefix(ids, attn, 10) == 3
-    assert E.shared_prefix(ids, attn, 2) == 2
-    assert E.shared_prefix(ids[:1], attn[:1], 10) == 0  # one row: nothing to share
-    assert E.shared_prefix(ids[[0, 2]], attn[[0, 2]], 10) == 4  # up to the shorter row's end
-    assert E.first_scored(torch.tensor([[0, 0, 0, 1, 1], [0, 0, 1, 1, 0]])) == 1
-    assert E.first_scored(torch.zeros(2, 5)) == 0
+    assert FW.shared_prefix(ids, attn, 10) == 3
+    assert FW.shared_prefix(ids, attn, 2) == 2
+    assert FW.shared_prefix(ids[:1], attn[:1], 10) == 0  # one row: nothing to share
+    assert FW.shared_prefix(ids[[0, 2]], attn[[0, 2]], 10) == 4  # up to the shorter row's end
+    assert FW.first_scored(torch.tensor([[0, 0, 0, 1, 1], [0, 0, 1, 1, 0]])) == 1
+    assert FW.first_scored(torch.zeros(2, 5)) == 0
 
 
 def test_micro_batches_by_key_keep_groups_together():
@@ -89,8 +96,8 @@ def test_micro_batches_by_key_keep_groups_together():
 
 def _step(cfg, model, seqs, monkeypatch=None, *, fast: bool):
     if monkeypatch is not None and not fast:
-        monkeypatch.setattr(S, "on_policy", lambda *a: False)
-        monkeypatch.setattr(E, "can_share_prefix", lambda m: False)
+        monkeypatch.setattr(S, "old_logprobs_from_update", lambda *a: False)
+        monkeypatch.setattr(FW, "can_share_prefix", lambda m: False)
     eng = E.build_engines(cfg, str(model))
     kl = make_kl_controller("fixed", 0.0)
     prep, m1 = S.prepare(eng, collate(seqs, eng.pad_id), cfg, kl)
@@ -131,10 +138,11 @@ def test_prefix_of_the_whole_minibatch_is_read_once(model, monkeypatch):
     seqs = grouped(4, 4, scores=[0, 1, 0, 1] * 4, seed=3)
     cfg = small_cfg(model, minibatch_size=16, micro_batch=4, lr=1e-3)
     made, read = [], []
-    monkeypatch.setattr(E, "prefix_context", lambda *a, _f=E.prefix_context: made.append(1) or _f(*a))
-    monkeypatch.setattr(E, "_context_forward", lambda *a, _f=E._context_forward: read.append(1) or _f(*a))
+    monkeypatch.setattr(FW, "prefix_context", lambda *a, _f=FW.prefix_context: made.append(1) or _f(*a))
+    monkeypatch.setattr(FW, "_prefix_forward",
+                        lambda *a, _f=FW._prefix_forward: read.append(a[-1] is not None) or _f(*a))
     _, fast, p_fast = _step(cfg, model, seqs, fast=True)
-    assert len(made) == 1 and len(read) == 4  # one prefix pass, four micro-batches starting from it
+    assert made == [1] and read == [True] * 4  # one prefix pass, four micro-batches starting from it
     monkeypatch.undo()
     _, slow, p_slow = _step(cfg, model, seqs, monkeypatch, fast=False)
     for k in ("loss", "pg_loss", "grad_norm", "entropy"):
@@ -147,7 +155,7 @@ def test_sft_step_with_shared_prefixes_matches(model, monkeypatch):
     results = []
     for fast in (True, False):
         if not fast:
-            monkeypatch.setattr(E, "can_share_prefix", lambda m: False)
+            monkeypatch.setattr(FW, "can_share_prefix", lambda m: False)
         cfg = small_cfg(model, algo="sft", minibatch_size=6, micro_batch=2, lr=1e-3)
         eng = E.build_engines(cfg, str(model))
         m = S.sft_update(eng, collate(seqs, eng.pad_id), list(range(6)), cfg)

@@ -9,6 +9,7 @@ import torch
 from tests.helpers import flat_params, small_cfg, synthetic, tiny_model_dir
 from trajlake.errors import TrajlakeError
 from trajlake.train import engine as E
+from trajlake.train import forward as FW
 from trajlake.train.algos import make_kl_controller
 from trajlake.train.batch import collate
 from trajlake.train.steps import actor_loss_terms, prepare, rl_update, sft_update
@@ -72,7 +73,7 @@ def test_masked_tokens_get_no_gradient(model):
         def __call__(self, **_):
             return type("Out", (), {"logits": logits})()
 
-    lp, ent = E.forward_logprobs(Fake(), b.input_ids, b.attention_mask, temperature=0.7, entropy=True)
+    lp, ent = FW.forward_logprobs(Fake(), b.input_ids, b.attention_mask, temperature=0.7, entropy=True)
     mask = b.loss_mask
     garbage = torch.where(mask > 0, torch.zeros(B, T), torch.full((B, T), float("nan")))
     loss, _ = actor_loss_terms(lp, ent, mask, cfg, make_kl_controller("fixed", 0.5), None,

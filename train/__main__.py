@@ -29,7 +29,7 @@ def main(argv: list[str] | None = None) -> int:
     except TrajlakeError as e:
         print(f"error: {e}", file=sys.stderr)
         return 1
-    from trajlake.train.engine import is_main
+    from trajlake.train.distributed import is_main
 
     if is_main():
         print(f"run {result.run_id}: step {result.step}, policy {result.policy_id}")

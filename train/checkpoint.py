@@ -23,6 +23,7 @@ from trajlake.errors import TrajlakeError
 from trajlake.schemas import Policy as PolicyRow
 from trajlake.schemas import TrainStep
 from trajlake.store import Lake
+from trajlake.train import distributed as D
 from trajlake.train import engine as E
 
 STATE_FILE = "trainer_state.json"
@@ -42,24 +43,24 @@ def checkpoint_path(checkpoint_dir: str | Path, run_id: str, step: int) -> Path:
 def save(engines: E.Engines, path: Path, *, state: dict[str, Any], save_optimizer: bool) -> None:
     """Write the checkpoint folder (every rank must call: gathering weights and DeepSpeed saves are collective)."""
     actor = engines.actor
-    if E.is_main():
+    if D.is_main():
         path.mkdir(parents=True, exist_ok=True)
-    E.barrier()
+    D.barrier()
     if actor.zero_optimization_stage() == 3:
         sd = actor._zero3_consolidated_16bit_state_dict()  # collective; the full state dict on rank 0
-        if E.is_main():
+        if D.is_main():
             actor.module.save_pretrained(path, state_dict=sd, safe_serialization=True)
-    elif E.is_main():
+    elif D.is_main():
         actor.module.save_pretrained(path, safe_serialization=True)
-    if E.is_main():
+    if D.is_main():
         engines.tokenizer.save_pretrained(path)
     if save_optimizer:
         actor.save_checkpoint(str(path / DS_DIR), tag="actor", save_latest=False)
         if engines.critic is not None:
             engines.critic.save_checkpoint(str(path / DS_DIR), tag="critic", save_latest=False)
-    if E.is_main():
+    if D.is_main():
         (path / STATE_FILE).write_text(json.dumps(state, indent=1))
-    E.barrier()
+    D.barrier()
 
 
 def load_state(engines: E.Engines, path: str | Path) -> dict[str, Any]:

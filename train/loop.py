@@ -28,6 +28,7 @@ from trajlake.schemas import Run
 from trajlake.sql_text import sql_str
 from trajlake.store import Lake
 from trajlake.train import checkpoint as C
+from trajlake.train import distributed as D
 from trajlake.train import engine as E
 from trajlake.train.algos import make_kl_controller
 from trajlake.train.algos.turns import TURN_INPUTS
@@ -61,7 +62,7 @@ class _Run:
     def __init__(self, config: TrainConfig, lake: Lake | None, kind: str, spec_id: str | None = None):
         self.cfg = config
         self.spec_id = spec_id  # the reward spec's content id: a restart compares it, not the spec's path
-        self.rank, self.world = E.init_distributed()
+        self.rank, self.world = D.init_distributed()
         self.main = self.rank == 0
         if self.main and lake is None:
             raise TrajlakeError("rank 0 needs the lake")
@@ -155,7 +156,7 @@ def on_main(main: bool, fn: Any) -> Any:
             out = fn()
         except TrajlakeError as e:
             out = e
-    out = E.broadcast(out)
+    out = D.broadcast(out)
     if isinstance(out, TrajlakeError):
         raise out
     return out
@@ -193,7 +194,7 @@ def _in_memory_policy(engines: E.Engines, policy_id: str, path: str):
     from trajlake.collect.policies.hf import HFPolicy
 
     return HFPolicy(path, policy_id=policy_id, model=engines.actor.module, tokenizer=engines.tokenizer,
-                    device=str(E.device()))
+                    device=str(D.device()))
 
 
 def _rollout_config(r: _Run, policy_id: str, it: int):
@@ -243,7 +244,7 @@ def evaluate(r: _Run, engines: E.Engines, policy_id: str, path: str, step: int) 
     out = None
     if r.main:
         out = success_rate(r.lake, _collect(r, engines, policy_id, path, _eval_config(r, policy_id, step)))
-    return E.broadcast(out)
+    return D.broadcast(out)
 
 
 def train(config: TrainConfig, lake: Lake | None) -> RunResult:
@@ -291,7 +292,7 @@ def train(config: TrainConfig, lake: Lake | None) -> RunResult:
                     score(r.lake, spec, where=where, run_id=r.run_id)
                     snap = r.lake.current_snapshot()
                     payload = (snap, load_episodes(r.lake, where, snapshot=snap, spec_id=spec.spec_id))
-                snap, seqs = E.broadcast(payload)
+                snap, seqs = D.broadcast(payload)
                 if not seqs:
                     raise TrajlakeError(f"iteration {it + 1}: the rollouts produced no agent tokens to train on")
                 t1 = time.perf_counter()
@@ -318,7 +319,7 @@ def train(config: TrainConfig, lake: Lake | None) -> RunResult:
                     metrics.update(evaluate(r, engines, row.policy_id, str(path), r.step))
                 if r.main:
                     r.commit(step=r.step, metrics=metrics, snapshot_read=snap, policy=row)
-                E.barrier()
+                D.barrier()
                 r.policy_id, r.model_path = row.policy_id, str(path)
                 result.policy_id, result.step = r.policy_id, r.step
                 result.history.append(metrics)
@@ -389,7 +390,7 @@ def sft(config: TrainConfig, lake: Lake | None) -> RunResult:
 
 def run(config: TrainConfig, lake_uri: str | None = None) -> RunResult:
     """Entry point of `trajlake train` and `python -m trajlake.train`: opens the lake on rank 0 only."""
-    rank, _ = E.init_distributed()
+    rank, _ = D.init_distributed()
     lake = Lake.open(lake_uri) if rank == 0 else None
     try:
         return train(config, lake)

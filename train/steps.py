@@ -17,7 +17,9 @@ from dataclasses import dataclass
 import torch
 
 from trajlake.errors import TrajlakeError
+from trajlake.train import distributed as D
 from trajlake.train import engine as E
+from trajlake.train import forward as FW
 from trajlake.train.algos import (
     ADVANTAGES,
     AGG_MODES,
@@ -45,7 +47,8 @@ class Prepared:
     ref_logprobs: torch.Tensor | None = None
     values: torch.Tensor | None = None
     is_weights: torch.Tensor | None = None
-    #: pi_old of the rows the actor trains on is the update's own log-probs, detached (see `on_policy`):
+    #: pi_old of the rows the actor trains on is the update's own log-probs, detached (see
+    #: `old_logprobs_from_update`):
     #: `old_logprobs` then holds only the other rows' (0 where not needed)
     on_policy: bool = False
     #: with `on_policy`: (sum, count) of behaviour - old over the rows not trained, for the behaviour_kl
@@ -68,14 +71,14 @@ class Meter:
         self.weights[name] = self.weights.get(name, 0.0) + weight
 
     def result(self) -> dict[str, float]:
-        keys = sorted(set().union(*E.all_gather(sorted(self.sums))))
+        keys = sorted(set().union(*D.all_gather(sorted(self.sums))))
         flat = {f"s:{k}": self.sums.get(k, 0.0) for k in keys} | {f"w:{k}": self.weights.get(k, 0.0) for k in keys}
-        flat = E.all_mean(flat)
+        flat = D.all_mean(flat)
         return {k: flat[f"s:{k}"] / flat[f"w:{k}"] for k in keys if flat[f"w:{k}"] > 0}
 
 
 def _take(x: torch.Tensor | None, idx: list[int], width: int) -> torch.Tensor | None:
-    return None if x is None else x[torch.as_tensor(idx, dtype=torch.long), :width].to(E.device())
+    return None if x is None else x[torch.as_tensor(idx, dtype=torch.long), :width].to(D.device())
 
 
 def _micro(batch: Batch, rows: list[int], cfg: TrainConfig, world: int, rank: int, share: bool = False):
@@ -110,8 +113,7 @@ def _tokens_read(batch: Batch, groups: list[list[int]]) -> int:
             continue
         sub = batch.rows(mb)
         width = sub.input_ids.shape[1]
-        prefix = E.shared_prefix(sub.input_ids, sub.attention_mask, E.first_scored(sub.loss_mask))
-        prefix = prefix if prefix >= E.MIN_SHARED_PREFIX else 0
+        prefix = FW.prefix_to_share(sub.input_ids, sub.attention_mask, sub.loss_mask)
         total += prefix + len(mb) * (width - prefix)
     return total
 
@@ -137,42 +139,32 @@ def per_token(batch: Batch, cfg: TrainConfig, fn: Callable[[Batch], torch.Tensor
     return out
 
 
-def _has_dropout(model) -> bool:
-    """Whether the module has active dropout (then train-mode log-probs differ from eval-mode ones)."""
-    module = getattr(model, "module", model)
+def old_logprobs_from_update(engines: E.Engines, batch: Batch, cfg: TrainConfig) -> bool:
+    """The on-policy shortcut: whether pi_old (old_logprobs = recompute: a forward pass over the batch before
+    the update) is exactly the actor as the update finds it, so the update's own log-probs (detached) can
+    stand for it and that pass is saved (`Prepared.on_policy`). It is for one epoch whose actor rows fit one
+    mini-batch (a single optimizer step, after every micro-batch's loss), no dropout (train- and eval-mode
+    passes agree), the actor trained every iteration (no critic warm-up), and nothing needing pi_old before
+    the update (is_cap, a KL penalty in the rewards)."""
+    if not (cfg.old_logprobs == "recompute" and cfg.epochs == 1 and batch.size <= cfg.minibatch_size
+            and cfg.critic_warmup == 0 and cfg.is_cap is None
+            and not (engines.ref is not None and cfg.kl_mode == "reward")):
+        return False
+    module = getattr(engines.actor, "module", engines.actor)
     if any(isinstance(m, torch.nn.Dropout) and m.p > 0 for m in module.modules()):
-        return True
+        return False
     config = getattr(module, "config", None)
     items = config.to_dict().items() if hasattr(config, "to_dict") else ()
-    return any(("dropout" in k or "pdrop" in k) and isinstance(v, (int, float)) and not isinstance(v, bool)
-               and v > 0 for k, v in items)
-
-
-def on_policy(engines: E.Engines, batch: Batch, cfg: TrainConfig) -> bool:
-    """Whether pi_old of the recompute is exactly the actor as the update finds it, so the update's own
-    log-probs (detached) can stand for it and the extra forward pass over the batch is saved: one epoch
-    whose actor rows fit one mini-batch (a single optimizer step, after every micro-batch's loss), no
-    dropout (train- and eval-mode passes agree), the actor trained every iteration (no critic warm-up), and
-    nothing needing pi_old before the update (is_cap, a KL penalty in the rewards)."""
-    return (cfg.old_logprobs == "recompute" and cfg.epochs == 1 and batch.size <= cfg.minibatch_size
-            and cfg.critic_warmup == 0 and cfg.is_cap is None
-            and not (engines.ref is not None and cfg.kl_mode == "reward")
-            and not _has_dropout(engines.actor))
-
-
-def _actor_rows(advantages: torch.Tensor, mask: torch.Tensor, cfg: TrainConfig) -> torch.Tensor:
-    """(B,) bool: the rows the actor's update trains on (drop_zero_advantage leaves out rows without signal)."""
-    if not cfg.drop_zero_advantage:
-        return torch.ones(advantages.shape[0], dtype=torch.bool)
-    return (advantages * mask != 0).any(-1)
+    return not any(("dropout" in k or "pdrop" in k) and isinstance(v, (int, float)) and not isinstance(v, bool)
+                   and v > 0 for k, v in items)
 
 
 def _old_logprobs(engines: E.Engines, batch: Batch, cfg: TrainConfig) -> torch.Tensor:
-    share = E.can_share_prefix(engines.actor)
-    return per_token(batch, cfg, lambda s: E.forward_logprobs(engines.actor, s.input_ids, s.attention_mask,
-                                                              temperature=cfg.temperature,
-                                                              start=E.first_scored(s.loss_mask),
-                                                              share_prefix=share)[0], engines, share=share)
+    share = FW.can_share_prefix(engines.actor)
+    return per_token(batch, cfg, lambda s: FW.forward_logprobs(engines.actor, s.input_ids, s.attention_mask,
+                                                               temperature=cfg.temperature,
+                                                               start=FW.first_scored(s.loss_mask),
+                                                               share_prefix=share)[0], engines, share=share)
 
 
 def turn_inputs(name: str, batch: Batch, cfg: TrainConfig) -> dict:
@@ -197,7 +189,7 @@ def prepare(engines: E.Engines, batch: Batch, cfg: TrainConfig, kl_ctl) -> tuple
     has_behaviour = ~torch.isnan(batch.behaviour_logprobs) | (mask == 0)
     both = has_behaviour & (mask > 0) & ~torch.isnan(batch.behaviour_logprobs)
     engines.actor.eval()
-    lazy = on_policy(engines, batch, cfg)
+    lazy = old_logprobs_from_update(engines, batch, cfg)
     if cfg.old_logprobs == "behaviour":
         if not bool(has_behaviour.all()):
             bad = batch.episode_ids[int((~has_behaviour).any(-1).nonzero()[0, 0])]
@@ -218,8 +210,8 @@ def prepare(engines: E.Engines, batch: Batch, cfg: TrainConfig, kl_ctl) -> tuple
     ref = None
     rewards = batch.token_rewards.clone()
     if engines.ref is not None:
-        ref = per_token(batch, cfg, lambda s: E.forward_logprobs(engines.ref, s.input_ids, s.attention_mask,
-                                                                 temperature=cfg.temperature)[0], engines)
+        ref = per_token(batch, cfg, lambda s: FW.forward_logprobs(engines.ref, s.input_ids, s.attention_mask,
+                                                                  temperature=cfg.temperature)[0], engines)
         if cfg.kl_mode == "reward":
             rewards, m = apply_kl_penalty(rewards, old, ref, mask, kl_ctl.value, cfg.kl_estimator)
             kl_ctl.update(m["kl"], batch.size)
@@ -227,7 +219,7 @@ def prepare(engines: E.Engines, batch: Batch, cfg: TrainConfig, kl_ctl) -> tuple
     values = None
     if engines.critic is not None:
         engines.critic.eval()
-        values = per_token(batch, cfg, lambda s: E.forward_values(engines.critic, s.input_ids, s.attention_mask),
+        values = per_token(batch, cfg, lambda s: FW.forward_values(engines.critic, s.input_ids, s.attention_mask),
                            engines)
     adv, ret = ADVANTAGES[cfg.advantage_name](
         token_level_rewards=rewards, mask=mask, values=values, group_ids=batch.group_ids, gamma=cfg.gamma,
@@ -236,8 +228,9 @@ def prepare(engines: E.Engines, batch: Batch, cfg: TrainConfig, kl_ctl) -> tuple
     m = mask > 0
     metrics.update(adv_mean=float(adv[m].mean()), adv_abs_mean=float(adv[m].abs().mean()))
     rest = (0.0, 0.0)
-    if lazy:  # pi_old of the rows not trained on is needed only for the behaviour_kl metric
-        others = (~_actor_rows(adv, mask, cfg) & both.any(-1)).nonzero()[:, 0].tolist()
+    if lazy and cfg.drop_zero_advantage:  # pi_old of the rows left out of the update (no advantage) is
+        # needed only for the behaviour_kl metric
+        others = (~(adv * mask != 0).any(-1) & both.any(-1)).nonzero()[:, 0].tolist()
         if others:
             sub = batch.rows(others, width=batch.input_ids.shape[1])
             old[others] = _old_logprobs(engines, sub, cfg)
@@ -248,16 +241,16 @@ def prepare(engines: E.Engines, batch: Batch, cfg: TrainConfig, kl_ctl) -> tuple
     return prep, metrics
 
 
-def _context(engine, batch: Batch, rows: list[int], engines: E.Engines, n_micro: int) -> E.Context | None:
+def _context(engine, batch: Batch, rows: list[int], engines: E.Engines, n_micro: int) -> FW.Context | None:
     """The Context of the prefix every row of the mini-batch starts with (a system prompt), when there are
     several micro-batches to read it for and one process (with several, each would need its own)."""
     if engines.world != 1 or n_micro < 2 or not rows:
         return None
     sub = batch.rows(rows)
-    length = E.shared_prefix(sub.input_ids, sub.attention_mask, E.first_scored(sub.loss_mask))
-    if length < E.MIN_SHARED_PREFIX:
+    length = FW.prefix_to_share(sub.input_ids, sub.attention_mask, sub.loss_mask)
+    if not length:
         return None
-    return E.prefix_context(engine, sub.input_ids[:1, :length])
+    return FW.prefix_context(engine, sub.input_ids[:1, :length])
 
 
 def minibatch_step(engine, batch: Batch, rows: list[int], cfg: TrainConfig, engines: E.Engines,
@@ -292,7 +285,7 @@ def minibatch_step(engine, batch: Batch, rows: list[int], cfg: TrainConfig, engi
             engine.step()
     if ctx is not None:  # the shared prefix's share of the gradient (none when no micro-batch read it)
         engine.set_gradient_accumulation_boundary(True)
-        surrogate = E.context_loss(ctx)
+        surrogate = FW.context_loss(ctx)
         engine.backward(surrogate if surrogate is not None else torch.zeros((), requires_grad=True),
                         scale_wrt_gas=False)
         meter.add(prefix + "grad_norm", E.optimizer_step(engine))
@@ -331,16 +324,16 @@ def rl_update(engines: E.Engines, prep: Prepared, cfg: TrainConfig, kl_ctl, *, s
     w_of = lambda sub: sub.input_ids.shape[1]  # noqa: E731
     loss_kw = dict(agg_mode=cfg.agg_mode, norm_constant=cfg.norm_constant)
 
-    share = E.can_share_prefix(engines.actor)
+    share = FW.can_share_prefix(engines.actor)
 
-    def actor_loss(sub: Batch, idx: list[int], denom: float, context: E.Context | None = None):
-        w, mask = w_of(sub), sub.loss_mask.to(E.device())
-        lp, ent = E.forward_logprobs(engines.actor, sub.input_ids, sub.attention_mask,
-                                     temperature=cfg.temperature, entropy=True, start=E.first_scored(sub.loss_mask),
-                                     share_prefix=share, context=context, entropy_grad=cfg.entropy_coef > 0)
+    def actor_loss(sub: Batch, idx: list[int], denom: float, context: FW.Context | None = None):
+        w, mask = w_of(sub), sub.loss_mask.to(D.device())
+        lp, ent = FW.forward_logprobs(engines.actor, sub.input_ids, sub.attention_mask,
+                                      temperature=cfg.temperature, entropy=True, start=FW.first_scored(sub.loss_mask),
+                                      share_prefix=share, context=context, entropy_grad=cfg.entropy_coef > 0)
         if prep.on_policy:  # one optimizer step: pi_old is the actor as it is now
             old = lp.detach() * mask
-            beh = sub.behaviour_logprobs.to(E.device())
+            beh = sub.behaviour_logprobs.to(D.device())
             both = (mask > 0) & ~torch.isnan(beh)
             if both.any():
                 meter.add("behaviour_kl", float((beh - old)[both].mean()), float(both.sum()))
@@ -352,8 +345,8 @@ def rl_update(engines: E.Engines, prep: Prepared, cfg: TrainConfig, kl_ctl, *, s
                                 ref_logprobs=_take(prep.ref_logprobs, idx, w))
 
     def critic_loss(sub: Batch, idx: list[int], denom: float):
-        w, mask = w_of(sub), sub.loss_mask.to(E.device())
-        v = E.forward_values(engines.critic, sub.input_ids, sub.attention_mask)
+        w, mask = w_of(sub), sub.loss_mask.to(D.device())
+        v = FW.forward_values(engines.critic, sub.input_ids, sub.attention_mask)
         vl = VALUE_LOSSES[cfg.value_loss]
         return vl(values=v, old_values=_take(prep.values, idx, w), returns=_take(prep.returns, idx, w), mask=mask,
                   denominator=denom, **loss_kw, **vl.settings(cfg))
@@ -392,12 +385,12 @@ def rl_update(engines: E.Engines, prep: Prepared, cfg: TrainConfig, kl_ctl, *, s
 
 def sft_loss(engines: E.Engines, cfg: TrainConfig):
     """The SFT micro-batch loss: cross-entropy (minus log-likelihood) on response tokens only."""
-    share = E.can_share_prefix(engines.actor)
+    share = FW.can_share_prefix(engines.actor)
 
-    def loss_fn(sub: Batch, idx: list[int], denom: float, context: E.Context | None = None):
-        mask = sub.loss_mask.to(E.device())
-        lp, _ = E.forward_logprobs(engines.actor, sub.input_ids, sub.attention_mask,
-                                   start=E.first_scored(sub.loss_mask), share_prefix=share, context=context)
+    def loss_fn(sub: Batch, idx: list[int], denom: float, context: FW.Context | None = None):
+        mask = sub.loss_mask.to(D.device())
+        lp, _ = FW.forward_logprobs(engines.actor, sub.input_ids, sub.attention_mask,
+                                    start=FW.first_scored(sub.loss_mask), share_prefix=share, context=context)
         loss = aggregate(-lp, mask, cfg.agg_mode, denominator=denom, norm_constant=cfg.norm_constant)
         with torch.no_grad():
             nll = float(masked_mean(-lp, mask))
@@ -410,5 +403,5 @@ def sft_update(engines: E.Engines, batch: Batch, rows: list[int], cfg: TrainConf
     """One SFT optimizer step over the mini-batch `rows`."""
     meter = Meter()
     minibatch_step(engines.actor, batch, rows, cfg, engines, sft_loss(engines, cfg), meter,
-                   share=E.can_share_prefix(engines.actor))
+                   share=FW.can_share_prefix(engines.actor))
     return meter.result()

@@ -150,25 +150,6 @@ def read_records(path: Path, required: str | None = None) -> list[dict[str, Any]
     return rows
 
 
-def load_tokenizer(src: Any) -> tuple[Any, str]:
-    """(tokenizer, name) from a local folder or an already loaded tokenizer; never reaches a hub."""
-    if not isinstance(src, (str, PathLike)):
-        return src, str(getattr(src, "name_or_path", type(src).__name__))
-    name = str(src)
-    path = Path(name).expanduser()
-    if not path.is_dir():
-        raise TrajectoryImportError(
-            f"tokenizer path {name}: no such folder (give a model folder saved with save_pretrained, "
-            "e.g. from `trajlake model tiny --out DIR`)"
-        )
-    try:
-        from transformers import AutoTokenizer
-
-        return AutoTokenizer.from_pretrained(str(path), local_files_only=True), name
-    except Exception as e:  # transformers raises many kinds (OSError, ValueError, JSON errors...)
-        raise TrajectoryImportError(f"cannot load tokenizer from {name}: {_line(e)}") from None
-
-
 def stored_episode_ids(lake: Any, ids: list[str]) -> set[str]:
     """Which of `ids` the lake already holds as episodes."""
     if not ids:
@@ -199,6 +180,6 @@ def _line(e: BaseException) -> str:
 from trajlake.collect.importers.agentgym import import_agentgym  # noqa: E402  (needs the names above)
 
 __all__ = [
-    "ImportResult", "TrajectoryImportError", "import_agentgym", "load_tokenizer", "progress_bar", "read_records",
+    "ImportResult", "TrajectoryImportError", "import_agentgym", "progress_bar", "read_records",
     "resolve_files", "stored_episode_ids",
 ]

@@ -45,13 +45,13 @@ from trajlake.collect.importers import (
     TrajectoryImportError,
     file_sha256,
     kind_name,
-    load_tokenizer,
     progress_bar,
     read_records,
     resolve_files,
     stored_episode_ids,
 )
 from trajlake.errors import TrajlakeError
+from trajlake.lm.load import load_tokenizer
 from trajlake.schemas.records import Episode, Policy, Run, Task
 
 ROLES = {"human": "user", "user": "user", "gpt": "assistant", "assistant": "assistant", "system": "system"}
@@ -96,7 +96,13 @@ def import_agentgym(
     if chunk_size < 1:
         raise TrajectoryImportError(f"chunk_size must be at least 1, got {chunk_size}")
     files = resolve_files(paths)
-    tokenizer, tok_name = load_tokenizer(tokenizer_path)
+    tokenizer, tok_name = tokenizer_path, str(getattr(tokenizer_path, "name_or_path", type(tokenizer_path).__name__))
+    if isinstance(tokenizer_path, (str, PathLike)):  # a folder (else a loaded tokenizer)
+        tok_name = str(tokenizer_path)
+        try:
+            tokenizer = load_tokenizer(tokenizer_path)
+        except TrajlakeError as e:
+            raise TrajectoryImportError(str(e)) from None
     try:
         renderer = ChatRenderer(tokenizer)
     except TrajlakeError as e:

@@ -198,9 +198,9 @@ def _path(spec: str, arg: str) -> str:
 
 
 def _tokenizer(path: str | Path):
-    from trajlake.collect.importers import load_tokenizer
+    from trajlake.lm.load import load_tokenizer
 
-    return load_tokenizer(path)[0]
+    return load_tokenizer(path)
 
 
 __all__ = ["Generation", "Policy", "Request", "SamplingParams", "load_policy", "check_policy_spec", "checkpoint_of",

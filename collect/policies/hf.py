@@ -41,29 +41,14 @@ import numpy as np
 import torch
 
 from trajlake.collect.policies.base import Generation, Policy, Request, SamplingParams
-from trajlake.collect.policies.kv_slots import KVStore, common_prefix, make_cache_classes
+from trajlake.collect.policies.kv_slots import KVStore, make_cache_classes
 from trajlake.errors import TrajlakeError
+from trajlake.lm.load import load_model, load_tokenizer
+from trajlake.lm.prefix import MIN_SHARED_PREFIX, cache_unsupported, common_prefix
 
 #: default bound of the memory kept for cached episodes that are not being answered (the rows of a batch
 #: always fit, whatever this says)
 DEFAULT_CACHE_BYTES = 2 << 30
-_ATTENTIONS = ("sdpa", "eager")
-
-
-def load_model(path: str | Path, device: str = "cpu", dtype: torch.dtype = torch.float32):
-    """Load a local causal LM and its tokenizer; never reaches a hub."""
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-    from transformers.utils import logging as hf_logging
-
-    hf_logging.disable_progress_bar()  # our own progress bars say what is happening
-
-    path = Path(path)
-    if not (path / "config.json").is_file():
-        raise TrajlakeError(f"no model at {path}: expected a folder saved with save_pretrained (config.json)")
-    tokenizer = AutoTokenizer.from_pretrained(path, local_files_only=True)
-    model = AutoModelForCausalLM.from_pretrained(path, local_files_only=True, dtype=dtype).to(device)
-    model.eval()
-    return model, tokenizer
 
 
 def stop_ids(tokenizer, model) -> list[int]:
@@ -77,24 +62,6 @@ def stop_ids(tokenizer, model) -> list[int]:
     return sorted(ids)
 
 
-def cache_unsupported(model) -> str | None:
-    """Why the prefix-cached decoder cannot drive `model` (None when it can)."""
-    config = getattr(model, "config", None)
-    if config is None:
-        return "the model has no config"
-    if getattr(config, "is_encoder_decoder", False):
-        return "encoder-decoder model"
-    impl = getattr(config, "_attn_implementation", None) or "eager"
-    if impl not in _ATTENTIONS:
-        return f"attention implementation {impl!r} (supported: {', '.join(_ATTENTIONS)})"
-    types = getattr(config, "layer_types", None)
-    if types and any(t != "full_attention" for t in types):
-        return f"layer types {sorted(set(types))} (only full attention is supported)"
-    if not types and getattr(config, "sliding_window", None) and getattr(config, "use_sliding_window", True):
-        return "sliding-window attention"
-    return None
-
-
 class HFPolicy(Policy):
     """A local transformers checkpoint sampling batched replies, with per-episode prefix caching."""
 
@@ -105,7 +72,7 @@ class HFPolicy(Policy):
                  max_cache_bytes: int = DEFAULT_CACHE_BYTES):
         self.model_path = str(Path(path).absolute())
         if model is None:
-            model, tokenizer = load_model(path, device)
+            model, tokenizer = load_model(path, device=device), load_tokenizer(path)
         self.model, self.tokenizer = model, tokenizer
         self.device = device
         self.max_batch = max_batch
@@ -255,7 +222,7 @@ class HFPolicy(Policy):
         have = []
         for key, p in zip(keys, prompts, strict=True):
             s = store.where.get(key)
-            n = common_prefix(store.slots[s].ids, p) if s is not None else store.claim(key, p)
+            n = common_prefix((store.slots[s].ids, p)) if s is not None else store.claim(key, p)
             have.append(min(n, len(p) - 1))
             if key in store.where:
                 store.slots[store.where[key]].ids[have[-1]:] = []
@@ -312,7 +279,7 @@ class HFPolicy(Policy):
         return gens
 
     #: rows share a prefix when that saves reading at least this many tokens
-    min_shared = 16
+    min_shared = MIN_SHARED_PREFIX
 
     def _shared_prefixes(self, prompts: list[list[int]], have: list[int]):
         """Rows whose prompts start the same way beyond what some of them cache (a system prompt shared by
@@ -330,7 +297,7 @@ class HFPolicy(Policy):
         while start < len(order):  # sorted: a run's common prefix is the least of its neighbours' ones
             end, length, best = start + 1, 0, 0
             while end < len(order):
-                n = common_prefix(prompts[order[end - 1]], prompts[order[end]])
+                n = common_prefix((prompts[order[end - 1]], prompts[order[end]]))
                 n = min(n if end == start + 1 else min(length, n), len(prompts[order[end]]) - 1,
                         min(len(prompts[i]) - 1 for i in order[start:end]))
                 gain = saved(order[start:end + 1], n)

@@ -13,20 +13,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-
-def common_prefix(a: list[int], b: list[int]) -> int:
-    """Length of the longest common prefix of two id lists."""
-    n = min(len(a), len(b))
-    if a[:n] == b[:n]:
-        return n
-    lo, hi = 0, n  # a[:lo] == b[:lo] and a[:hi] != b[:hi]
-    while hi - lo > 1:
-        mid = (lo + hi) // 2
-        if a[:mid] == b[:mid]:
-            lo = mid
-        else:
-            hi = mid
-    return lo
+from trajlake.lm.prefix import common_prefix
 
 
 @dataclass
@@ -79,7 +66,7 @@ class KVStore:
         best, where = 0, None
         for s, slot in enumerate(self.slots):
             if slot is not None and slot.key is None and slot.ids:
-                n = common_prefix(slot.ids, prompt)
+                n = common_prefix((slot.ids, prompt))
                 if n > best:
                     best, where = n, s
         if where is not None:
