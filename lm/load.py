@@ -33,13 +33,19 @@ def load_model(path: str | PathLike, *, device: str = "cpu", dtype: torch.dtype 
     return model
 
 
+def tokenizer_folder(path: str | PathLike) -> Path:
+    """The folder `path` names, checked to exist (nothing is loaded: commands check every input first)."""
+    folder = Path(str(path)).expanduser()
+    if not folder.is_dir():
+        raise TrajlakeError(f"tokenizer path {path}: no such folder (give a model folder saved with save_pretrained, "
+                            "e.g. from `trajlake model tiny --out DIR`)")
+    return folder
+
+
 def load_tokenizer(path: str | PathLike):
     """The tokenizer saved in the folder `path` (a model folder)."""
     name = str(path)
-    folder = Path(name).expanduser()
-    if not folder.is_dir():
-        raise TrajlakeError(f"tokenizer path {name}: no such folder (give a model folder saved with save_pretrained, "
-                            "e.g. from `trajlake model tiny --out DIR`)")
+    folder = tokenizer_folder(path)
     try:
         from transformers import AutoTokenizer
 

@@ -70,9 +70,10 @@ def check_policy_spec(spec: str, *, env: str, lake: Any = None, tokenizer_path: 
     spec = resolve_policy_spec(lake, spec)
     scheme, arg = _scheme(spec)
     scheme.check(spec, arg, env, lake)
-    if scheme.text and tokenizer_path is not None and not Path(tokenizer_path).expanduser().is_dir():
-        raise TrajlakeError(f"tokenizer path {tokenizer_path}: no such folder (give a model folder saved with "
-                            "save_pretrained, e.g. from `trajlake model tiny --out DIR`)")
+    if scheme.text and tokenizer_path is not None:
+        from trajlake.lm.load import tokenizer_folder
+
+        tokenizer_folder(tokenizer_path)
 
 
 # ---- the schemes ---------------------------------------------------------------------------------------
