@@ -87,6 +87,17 @@ class TrainConfig(RolloutConfig):
     eval_tasks: int = 32
     """Held-out tasks per evaluation."""
 
+    # ---- stored rollouts (instead of collecting) -------------------------------------------------------
+    train_filter: str | None = None
+    """SQL over episodes columns choosing stored episodes that the RL iterations train on instead of collecting
+    (any runs, policies, envs), e.g. "run_id LIKE 'demo-grpo/%'"; `tasks` GRPO groups an iteration, dealt in
+    order and wrapping around (train/replay.py). The ratio is taken against their stored behaviour log-probs:
+    set old_logprobs = "behaviour" or is_cap. None: every iteration collects fresh rollouts."""
+    train_snapshot: int | None = None
+    """With train_filter: the snapshot its episodes and their scores are read at (already scored by
+    reward_spec, e.g. with `trajlake rewards`); None: score what the filter selects when the run starts and
+    read the snapshot after (a restart reads that one again)."""
+
     # ---- the update ----------------------------------------------------------------------------------
     advantage: str | None = None
     """Advantage estimator (train.algos.ADVANTAGES); None: grpo for grpo, gae for ppo."""
@@ -250,6 +261,7 @@ class TrainConfig(RolloutConfig):
                               f", got advantage {adv!r}; use algo grpo for critic-free estimators")
         if self.algo == "grpo" and adv in CRITIC_ADVANTAGES:
             raise ConfigError(f"train config: advantage {adv} needs a critic: use algo ppo")
+        self._check_stored_data()
         self._check_env()
         if self.turn_baseline not in TURN_BASELINES:
             raise ConfigError(f"train config: unknown turn_baseline {self.turn_baseline!r}; valid: "
@@ -257,6 +269,22 @@ class TrainConfig(RolloutConfig):
         if self.algo == "grpo" and adv in ("grpo", "dr_grpo", "rloo", "gigpo") and self.samples < 2:
             raise ConfigError(f"train config: {adv} compares the samples of a task: samples must be >= 2, "
                               f"got {self.samples}")
+
+    def _check_stored_data(self) -> None:
+        """train_filter's rules: RL only, one off-policy correction, train_snapshot only with it."""
+        if self.train_snapshot is not None and self.train_filter is None:
+            raise ConfigError("train config: train_snapshot pins the episodes of train_filter: give train_filter too")
+        if self.train_filter is None:
+            return
+        if not self.train_filter.strip():
+            raise ConfigError("train config: train_filter is empty: give a SQL filter over episodes columns, or "
+                              "leave it out to collect fresh rollouts")
+        if self.algo == "sft":
+            raise ConfigError("train config: algo sft trains on sft_filter; train_filter is for grpo and ppo")
+        if self.old_logprobs == "recompute" and self.is_cap is None:
+            raise ConfigError("train config: train_filter trains on rollouts other policies played: take the ratio "
+                              "against their behaviour log-probs with old_logprobs = \"behaviour\", or truncated "
+                              "importance weights with is_cap (e.g. 2.0)")
 
     def _check_env(self) -> None:
         """An env that plays an AgentGym server has its URL wherever episodes are played (SFT without evals

@@ -86,12 +86,13 @@ class _Run:
         self.policy_id = self.resume.policy_id if self.resume else self.start_pid
         self.model_path = self.resume.checkpoint_uri if self.resume else self.start_path
 
-    def start(self) -> None:
+    def start(self, **resolved: Any) -> None:
         """Rank 0 records the run (a restart: marks it running again, with this restart's RESUMABLE_FIELDS in
-        its config) and its starting model's policy row."""
+        its config) and its starting model's policy row. `resolved`: what settings resolved to, stored beside
+        the config (e.g. the snapshot stored rollouts are read at)."""
         if not self.main:
             return
-        config = {**self.cfg.to_dict(), "start_policy": self.start_pid}  # what `model` resolved to
+        config = {**self.cfg.to_dict(), "start_policy": self.start_pid, **resolved}  # what `model` resolved to
         if self.spec_id:
             config["reward_spec_id"] = self.spec_id  # what `reward_spec` held
         rows: dict[str, list] = {}
@@ -253,6 +254,7 @@ def train(config: TrainConfig, lake: Lake | None) -> RunResult:
         return sft(config, lake)
     from trajlake.rewards import default_spec, load_spec
     from trajlake.rewards.score import score
+    from trajlake.train.replay import check_train_filter, stored_data
 
     c = config
     spec = load_spec(c.reward_spec) if c.reward_spec else default_spec()
@@ -264,6 +266,8 @@ def train(config: TrainConfig, lake: Lake | None) -> RunResult:
             _eval_config(r, r.policy_id, 0)
 
     on_main(r.main, check_collect)
+    if c.train_filter:
+        on_main(r.main, lambda: check_train_filter(r.lake, c))  # reads only, before any write
     if c.advantage_name in TURN_INPUTS and spec.allocation.strategy == "discounted":
         raise ConfigError(f"train config: advantage {c.advantage_name} discounts across turns itself (gamma); the "
                           f"reward_spec {spec.name} discounts them in its allocation too: use allocation last_token "
@@ -272,7 +276,11 @@ def train(config: TrainConfig, lake: Lake | None) -> RunResult:
     kl_ctl = make_kl_controller(c.kl_controller, c.kl_coef, c.kl_target, c.kl_horizon)
     if "kl_controller" in r.state:
         kl_ctl.load_state_dict(r.state["kl_controller"])
-    r.start()  # the first write: everything above only read, so a refused run left no trace
+    data = None
+    if c.train_filter:  # the stored rollouts, scored (the first write: every check above only read) and pinned
+        pinned = (r.stored or {}).get("config", {}).get("train_snapshot_read")
+        data = on_main(r.main, lambda: stored_data(r.lake, c, spec, pinned))
+    r.start(**({"train_snapshot_read": data.snapshot} if data else {}))  # the run's row
     result = RunResult(r.run_id, r.policy_id, r.step)
     no_signal = 0  # iterations in a row whose update had no learning signal
     try:
@@ -286,12 +294,16 @@ def train(config: TrainConfig, lake: Lake | None) -> RunResult:
                 it = r.step
                 t0 = time.perf_counter()
                 payload = None
-                if r.main:
+                if r.main and data is None:  # fresh rollouts of the current policy, scored
                     crun = _collect(r, engines, r.policy_id, r.model_path, _rollout_config(r, r.policy_id, it))
                     where = f"run_id = {sql_str(crun)}"
                     score(r.lake, spec, where=where, run_id=r.run_id)
                     snap = r.lake.current_snapshot()
                     payload = (snap, load_episodes(r.lake, where, snapshot=snap, spec_id=spec.spec_id))
+                elif r.main:  # this iteration's groups of the stored rollouts
+                    where = data.iteration_filter(it, c.tasks)
+                    payload = (data.snapshot, load_episodes(r.lake, where, snapshot=data.snapshot,
+                                                            spec_id=spec.spec_id))
                 snap, seqs = D.broadcast(payload)
                 if not seqs:
                     raise TrajlakeError(f"iteration {it + 1}: the rollouts produced no agent tokens to train on")
@@ -306,6 +318,8 @@ def train(config: TrainConfig, lake: Lake | None) -> RunResult:
                            "success_mean": float(batch.success.float().mean()), "agent_tokens": agent_tokens,
                            "collect_s": t1 - t0, "update_s": t2 - t1,
                            "rollout_tokens_per_s": agent_tokens / max(t1 - t0, 1e-9), **m_prep, **m_upd}
+                if data is not None:  # what share came from the store, and the groups too small to use
+                    metrics.update(replayed=1.0, groups_left_out=data.small_groups)
                 no_signal = no_signal + 1 if metrics.get("signal_rows", 1.0) == 0 else 0
                 metrics["no_signal_streak"] = no_signal
                 if no_signal >= NO_SIGNAL_WARN:
