@@ -239,12 +239,20 @@ def train(
     model: Optional[str] = typer.Option(None, "--model", help="Override the starting model: DIR, policy:ID, run:ID."),
     iterations: Optional[int] = typer.Option(None, "--iterations", help="Override the config's iterations."),
     env_url: Optional[str] = typer.Option(None, "--env-url", help="Override the AgentGym server URL of the env."),
+    reward_spec: Optional[str] = typer.Option(None, "--reward-spec", help="Override the config's reward spec TOML."),
+    train_filter: Optional[str] = typer.Option(
+        None, "--train-filter", help="Train on the stored episodes this SQL over episodes selects, not fresh rollouts "
+        "(with old_logprobs = \"behaviour\" or is_cap in the config)."),
+    train_snapshot: Optional[int] = typer.Option(
+        None, "--train-snapshot", help="The snapshot --train-filter reads (its episodes already scored by the spec)."),
 ) -> None:
-    """Train from the store: SFT warm start, or GRPO/PPO iterations that collect, score and update."""
+    """Train from the store: SFT warm start, or GRPO/PPO iterations that collect, score and update (or, with
+    --train-filter, train on stored rollouts)."""
     from trajlake.train.config import load_config
     from trajlake.train.loop import run
 
-    cfg = load_config(config, algo=algo, run_id=run_id, model=model, iterations=iterations, env_url=env_url)
+    cfg = load_config(config, algo=algo, run_id=run_id, model=model, iterations=iterations, env_url=env_url,
+                      reward_spec=reward_spec, train_filter=train_filter, train_snapshot=train_snapshot)
     result = run(cfg, State.lake_uri)
     display.console.print(f"run {result.run_id}: step {result.step}, policy {result.policy_id}")
 

@@ -101,3 +101,15 @@ def test_config_rules(kw, words):
     with pytest.raises(ConfigError, match="^train config: ") as e:
         TrainConfig(model="m", **kw)
     assert words in str(e.value)
+
+
+def test_cli_train_filter_option(tmp_path, model, capsys):
+    from trajlake.cli import main
+
+    cfg = tmp_path / "c.toml"
+    cfg.write_text(f'model = "{model}"\nold_logprobs = "behaviour"\nprogress = false\n')
+    code = main(["--lake", str(tmp_path / "lake"), "train", "--config", str(cfg), "--train-filter",
+                 "run_id = 'nope'"])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 1 and len(err) == 1, err
+    assert err[0].startswith("error: train config: train_filter \"run_id = 'nope'\" matches no episodes"), err
