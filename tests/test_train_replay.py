@@ -59,6 +59,11 @@ def test_grpo_trains_on_stored_rollouts_without_collecting(stored, model):
     for m in res.history:  # 2 groups of 2 an iteration: groups 1-2, then 3 and (wrapping) 1
         assert m["episodes"] == 4 and m["replayed"] == 1.0 and m["groups_left_out"] == 0
         assert "behaviour_kl" in m
+    # lineage: each step names the episodes it trained on (a filter at its snapshot) and the spec
+    row = lake.query("SELECT snapshot_read, metrics->>'episodes_where' AS w, metrics->>'spec_id' AS spec "
+                     "FROM train_steps WHERE run_id = 'r1' AND step = 2").row(0, named=True)
+    made = lake.query(f"SELECT count(*) AS n FROM episodes WHERE {row['w']}", snapshot=row["snapshot_read"])
+    assert made["n"][0] == 4 and row["spec"] == res.history[0]["spec_id"]
     config = lake.query("SELECT config FROM runs WHERE run_id = 'r1'")[0, 0]
     config = json.loads(config) if isinstance(config, str) else config
     assert config["train_snapshot_read"] == lake.query(

@@ -299,12 +299,12 @@ def train(config: TrainConfig, lake: Lake | None) -> RunResult:
                     where = f"run_id = {sql_str(crun)}"
                     score(r.lake, spec, where=where, run_id=r.run_id)
                     snap = r.lake.current_snapshot()
-                    payload = (snap, load_episodes(r.lake, where, snapshot=snap, spec_id=spec.spec_id))
+                    payload = (snap, where, load_episodes(r.lake, where, snapshot=snap, spec_id=spec.spec_id))
                 elif r.main:  # this iteration's groups of the stored rollouts
                     where = data.iteration_filter(it, c.tasks)
-                    payload = (data.snapshot, load_episodes(r.lake, where, snapshot=data.snapshot,
-                                                            spec_id=spec.spec_id))
-                snap, seqs = D.broadcast(payload)
+                    payload = (data.snapshot, where, load_episodes(r.lake, where, snapshot=data.snapshot,
+                                                                   spec_id=spec.spec_id))
+                snap, where, seqs = D.broadcast(payload)
                 if not seqs:
                     raise TrajlakeError(f"iteration {it + 1}: the rollouts produced no agent tokens to train on")
                 t1 = time.perf_counter()
@@ -318,6 +318,8 @@ def train(config: TrainConfig, lake: Lake | None) -> RunResult:
                            "success_mean": float(batch.success.float().mean()), "agent_tokens": agent_tokens,
                            "collect_s": t1 - t0, "update_s": t2 - t1,
                            "rollout_tokens_per_s": agent_tokens / max(t1 - t0, 1e-9), **m_prep, **m_upd}
+                # lineage: the episodes this step trained on are `episodes_where` at snapshot_read, under spec_id
+                metrics.update(episodes_where=where, spec_id=spec.spec_id)
                 if data is not None:  # what share came from the store, and the groups too small to use
                     metrics.update(replayed=1.0, groups_left_out=data.small_groups)
                 no_signal = no_signal + 1 if metrics.get("signal_rows", 1.0) == 0 else 0
