@@ -84,6 +84,7 @@ def test_grpo_trains_on_stored_rollouts_without_collecting(stored, model):
     (dict(train_filter="run_id = 'expert'"), "played by text-only policies"),
     (dict(train_filter="true); DELETE FROM episodes; SELECT (1"), "is not a SQL filter over episodes columns"),
     (dict(train_filter="run_id = 'g0/it-1' AND sample_index = 0"), "has no group of 2 or more episodes"),
+    (dict(replay_ratio=0.5, replay_filter="nosuch > 1"), "replay_filter 'nosuch > 1' is not a SQL filter"),
 ])
 def test_bad_stored_data_is_refused_and_writes_nothing(stored, model, kw, words):
     lake, spec, folder = stored
@@ -96,7 +97,24 @@ def test_bad_stored_data_is_refused_and_writes_nothing(stored, model, kw, words)
     assert state(lake) == before
 
 
+def test_fresh_rollouts_with_a_replayed_share(stored, model):
+    """replay_ratio 0.5: from the second iteration on, as many groups of the last iteration's rollouts (those
+    replay_filter keeps) as fresh ones; the first has none to replay."""
+    lake, spec, folder = stored
+    cfg = small_cfg(model, run_id="mix", replay_ratio=0.5, replay_filter="sample_index >= 0", old_logprobs="behaviour",
+                    tasks=2, samples=2, iterations=2, minibatch_size=8, micro_batch=4, reward_spec=spec,
+                    checkpoint_dir=str(folder / "ckpt"))
+    res = train(cfg, lake)
+    assert [m["replayed"] for m in res.history] == [0.0, 0.5]
+    assert [m["episodes"] for m in res.history] == [4, 8]
+    assert "mix/it-1" in res.history[1]["episodes_where"] and "behaviour_kl" in res.history[1]
+
+
 @pytest.mark.parametrize("kw, words", [
+    (dict(replay_ratio=0.5), "replay_ratio trains on earlier policies' rollouts"),
+    (dict(replay_ratio=1.0, is_cap=2.0), "replay_ratio must be in [0, 1)"),
+    (dict(replay_filter="success"), "replay_filter narrows what is replayed: set replay_ratio > 0 too"),
+    (dict(replay_ratio=0.5, is_cap=2.0, train_filter="success"), "not with train_filter"),
     (dict(train_snapshot=3), "train_snapshot pins the episodes of train_filter"),
     (dict(train_filter="success"), "old_logprobs = \"behaviour\", or truncated importance weights with is_cap"),
     (dict(train_filter="success", algo="sft"), "algo sft trains on sft_filter"),

@@ -98,6 +98,15 @@ class TrainConfig(RolloutConfig):
     reward_spec, e.g. with `trajlake rewards`); None: score what the filter selects when the run starts and
     read the snapshot after (a restart reads that one again)."""
 
+    replay_ratio: float = 0.0
+    """Share of each iteration's GRPO groups replayed from this run's own earlier rollouts, beside the fresh
+    ones (0: none; 0.25: one replayed group for every three fresh ones). Replayed episodes keep their stored
+    scores and behaviour log-probs: set old_logprobs = "behaviour" or is_cap."""
+    replay_staleness: int = 1
+    """How many policy versions back a replayed rollout may be: the last N iterations' rollouts."""
+    replay_filter: str | None = None
+    """SQL over episodes columns narrowing the replay pool (e.g. "success"); None: every rollout in it."""
+
     # ---- the update ----------------------------------------------------------------------------------
     advantage: str | None = None
     """Advantage estimator (train.algos.ADVANTAGES); None: grpo for grpo, gae for ppo."""
@@ -271,7 +280,20 @@ class TrainConfig(RolloutConfig):
                               f"got {self.samples}")
 
     def _check_stored_data(self) -> None:
-        """train_filter's rules: RL only, one off-policy correction, train_snapshot only with it."""
+        """train_filter's and replay's rules: RL only, one off-policy correction, their settings together."""
+        if not 0 <= self.replay_ratio < 1 or self.replay_staleness < 1:
+            raise ConfigError(f"train config: replay_ratio must be in [0, 1) and replay_staleness >= 1, got "
+                              f"{self.replay_ratio} and {self.replay_staleness}")
+        if self.replay_filter is not None and self.replay_ratio == 0:
+            raise ConfigError("train config: replay_filter narrows what is replayed: set replay_ratio > 0 too")
+        if self.replay_ratio > 0:
+            if self.train_filter is not None or self.algo == "sft":
+                raise ConfigError("train config: replay_ratio mixes replayed rollouts into fresh ones: not with "
+                                  "train_filter (every episode is stored already) or algo sft")
+            if self.old_logprobs == "recompute" and self.is_cap is None:
+                raise ConfigError("train config: replay_ratio trains on earlier policies' rollouts: take the ratio "
+                                  "against their behaviour log-probs with old_logprobs = \"behaviour\", or truncated "
+                                  "importance weights with is_cap (e.g. 2.0)")
         if self.train_snapshot is not None and self.train_filter is None:
             raise ConfigError("train config: train_snapshot pins the episodes of train_filter: give train_filter too")
         if self.train_filter is None:

@@ -254,7 +254,7 @@ def train(config: TrainConfig, lake: Lake | None) -> RunResult:
         return sft(config, lake)
     from trajlake.rewards import default_spec, load_spec
     from trajlake.rewards.score import score
-    from trajlake.train.replay import check_train_filter, stored_data
+    from trajlake.train.replay import check_train_filter, replay_filter, stored_data
 
     c = config
     spec = load_spec(c.reward_spec) if c.reward_spec else default_spec()
@@ -268,6 +268,8 @@ def train(config: TrainConfig, lake: Lake | None) -> RunResult:
     on_main(r.main, check_collect)
     if c.train_filter:
         on_main(r.main, lambda: check_train_filter(r.lake, c))  # reads only, before any write
+    if c.replay_filter:
+        on_main(r.main, lambda: check_episode_filter(r.lake, c.replay_filter, field="replay_filter"))
     if c.advantage_name in TURN_INPUTS and spec.allocation.strategy == "discounted":
         raise ConfigError(f"train config: advantage {c.advantage_name} discounts across turns itself (gamma); the "
                           f"reward_spec {spec.name} discounts them in its allocation too: use allocation last_token "
@@ -299,12 +301,16 @@ def train(config: TrainConfig, lake: Lake | None) -> RunResult:
                     where = f"run_id = {sql_str(crun)}"
                     score(r.lake, spec, where=where, run_id=r.run_id)
                     snap = r.lake.current_snapshot()
-                    payload = (snap, where, load_episodes(r.lake, where, snapshot=snap, spec_id=spec.spec_id))
+                    seqs = load_episodes(r.lake, where, snapshot=snap, spec_id=spec.spec_id)
+                    replay = replay_filter(c, r.run_id, it, r.lake, snap)  # earlier rollouts mixed in, if asked
+                    replayed = load_episodes(r.lake, replay, snapshot=snap, spec_id=spec.spec_id) if replay else []
+                    where = f"({where}) OR ({replay})" if replay else where
+                    payload = (snap, where, seqs + replayed, len(replayed))
                 elif r.main:  # this iteration's groups of the stored rollouts
                     where = data.iteration_filter(it, c.tasks)
-                    payload = (data.snapshot, where, load_episodes(r.lake, where, snapshot=data.snapshot,
-                                                                   spec_id=spec.spec_id))
-                snap, where, seqs = D.broadcast(payload)
+                    seqs = load_episodes(r.lake, where, snapshot=data.snapshot, spec_id=spec.spec_id)
+                    payload = (data.snapshot, where, seqs, len(seqs))
+                snap, where, seqs, n_replayed = D.broadcast(payload)
                 if not seqs:
                     raise TrajlakeError(f"iteration {it + 1}: the rollouts produced no agent tokens to train on")
                 t1 = time.perf_counter()
@@ -319,9 +325,9 @@ def train(config: TrainConfig, lake: Lake | None) -> RunResult:
                            "collect_s": t1 - t0, "update_s": t2 - t1,
                            "rollout_tokens_per_s": agent_tokens / max(t1 - t0, 1e-9), **m_prep, **m_upd}
                 # lineage: the episodes this step trained on are `episodes_where` at snapshot_read, under spec_id
-                metrics.update(episodes_where=where, spec_id=spec.spec_id)
-                if data is not None:  # what share came from the store, and the groups too small to use
-                    metrics.update(replayed=1.0, groups_left_out=data.small_groups)
+                metrics.update(episodes_where=where, spec_id=spec.spec_id, replayed=n_replayed / len(seqs))
+                if data is not None:  # the stored groups too small to use
+                    metrics.update(groups_left_out=data.small_groups)
                 no_signal = no_signal + 1 if metrics.get("signal_rows", 1.0) == 0 else 0
                 metrics["no_signal_streak"] = no_signal
                 if no_signal >= NO_SIGNAL_WARN:

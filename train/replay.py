@@ -1,5 +1,6 @@
 """RL on stored rollouts: a train config's `train_filter` (SQL over episodes columns, any runs, policies and
-envs) chooses the episodes the iterations train on instead of collecting fresh ones.
+envs) chooses the episodes the iterations train on instead of collecting fresh ones; or `replay_ratio` mixes
+a share of the run's own earlier rollouts (`replay_filter`, `replay_staleness`) into each fresh batch.
 
 The episodes are read at one pinned snapshot (`train_snapshot`, else the snapshot just after they were
 scored with the run's reward spec), so every iteration, and a restart of the run, sees the same data. They
@@ -14,6 +15,7 @@ played by a text-only policy (a scripted expert, an API model), which has none, 
 
 from __future__ import annotations
 
+import random
 from dataclasses import dataclass
 
 from trajlake.rewards.score import score
@@ -99,4 +101,22 @@ def stored_data(lake: Lake, config: TrainConfig, spec, pinned: int | None) -> St
     return StoredData(where, snap, groups, small)
 
 
-__all__ = ["StoredData", "check_train_filter", "stored_data", "GROUP_ADVANTAGES"]
+def replay_filter(config: TrainConfig, run_id: str, it: int, lake: Lake, snapshot: int) -> str | None:
+    """The replayed share of iteration `it` (from 0) of a run mixing replay into fresh rollouts: a filter of
+    `replay_ratio / (1 - replay_ratio)` groups per fresh group, drawn (seeded by seed + it) from this run's
+    rollouts of the last `replay_staleness` iterations that `replay_filter` keeps. None: nothing to replay
+    (no replay, the first iteration, or an empty pool)."""
+    if config.replay_ratio <= 0 or it == 0:
+        return None
+    runs = [f"{run_id}/it-{j}" for j in range(max(1, it + 1 - config.replay_staleness), it + 1)]
+    pool = f"run_id IN ({sql_list(runs)})" + (f" AND ({config.replay_filter})" if config.replay_filter else "")
+    need = 2 if config.advantage_name in GROUP_ADVANTAGES else 1
+    groups = [g for g, n in lake.query(GROUPS_SQL.format(where=pool), snapshot=snapshot).iter_rows() if n >= need]
+    want = round(config.tasks * config.replay_ratio / (1 - config.replay_ratio))
+    if not groups or want == 0:
+        return None
+    chosen = random.Random(config.seed + it).sample(groups, min(want, len(groups)))
+    return f"({pool}) AND coalesce(group_id, episode_id) IN ({sql_list(sorted(chosen))})"
+
+
+__all__ = ["StoredData", "check_train_filter", "stored_data", "replay_filter", "GROUP_ADVANTAGES"]
