@@ -16,7 +16,19 @@ import subprocess
 import sys
 import time
 
+import pytest
+
+from tests.conftest import make_uri
 from trajlake.store import Lake
+
+
+#: the DuckDB-file lake in the fast suite; the multi-process catalogs (several seconds each) in the slow one,
+#: which CI runs too
+@pytest.fixture(params=["duckdb", pytest.param("sqlite", marks=pytest.mark.slow),
+                        pytest.param("postgres", marks=pytest.mark.slow)])
+def lake_uri(request, tmp_path) -> str:
+    return make_uri(request.param, tmp_path, request)
+
 
 KILLS = 5
 WRITER = '''

@@ -8,11 +8,21 @@ import shutil
 
 import pytest
 
+from tests.conftest import make_uri
 from trajlake.cli import main
 from trajlake.errors import TrajlakeError
 from trajlake.schemas import Episode, Turn
 from trajlake.store import Lake
 from trajlake.store.attach import check_read_only
+
+
+#: the DuckDB-file lake in the fast suite; the multi-process catalogs (several seconds each) in the slow one,
+#: which CI runs too
+@pytest.fixture(params=["duckdb", pytest.param("sqlite", marks=pytest.mark.slow),
+                        pytest.param("postgres", marks=pytest.mark.slow)])
+def lake_uri(request, tmp_path) -> str:
+    return make_uri(request.param, tmp_path, request)
+
 
 #: statement -> what the one-line error names
 WRITES = {
