@@ -233,7 +233,7 @@ def rewards_diff(
 
 @app.command()
 def train(
-    config: Path = typer.Option(..., "--config", help="Train config TOML (see train/configs/)."),
+    config: Optional[Path] = typer.Option(None, "--config", help="Train config TOML (see train/configs/)."),
     algo: Optional[str] = typer.Option(None, "--algo", help="Override the config's algo: grpo, ppo or sft."),
     run_id: Optional[str] = typer.Option(None, "--run-id", help="Override the run id (the same id resumes)."),
     model: Optional[str] = typer.Option(None, "--model", help="Override the starting model: DIR, policy:ID, run:ID."),
@@ -245,12 +245,37 @@ def train(
         "(with old_logprobs = \"behaviour\" or is_cap in the config)."),
     train_snapshot: Optional[int] = typer.Option(
         None, "--train-snapshot", help="The snapshot --train-filter reads (its episodes already scored by the spec)."),
+    replay: Optional[str] = typer.Option(
+        None, "--replay", help="Recompute a step of this stored GRPO/PPO run (with --step) and compare its weights "
+        "with the stored checkpoint; trains nothing, writes nothing."),
+    step: Optional[int] = typer.Option(None, "--step", help="The step --replay recomputes (from 1)."),
+    atol: float = typer.Option(0.0, "--atol", help="With --replay: the largest weight difference accepted as equal "
+                               "(0: bit for bit)."),
 ) -> None:
     """Train from the store: SFT warm start, or GRPO/PPO iterations that collect, score and update (or, with
-    --train-filter, train on stored rollouts)."""
+    --train-filter, train on stored rollouts). With --replay RUN --step N: recompute step N of a run and check
+    it against its checkpoint (exit status 1 when they differ by more than --atol)."""
     from trajlake.train.config import load_config
     from trajlake.train.loop import run
 
+    if replay is not None or step is not None:
+        others = (("--config", config), ("--algo", algo), ("--run-id", run_id), ("--model", model),
+                  ("--iterations", iterations), ("--env-url", env_url), ("--reward-spec", reward_spec),
+                  ("--train-filter", train_filter), ("--train-snapshot", train_snapshot))
+        given = [n for n, v in others if v is not None]
+        if replay is None or step is None or given:
+            raise TrajlakeError("--replay RUN_ID and --step N go together, and alone: the run's stored config says "
+                                "the rest" + (f" (drop {', '.join(given)})" if given else ""))
+        from trajlake.train.reproduce import replay_step
+
+        with open_lake() as lake:
+            report = replay_step(lake, replay, step)
+        display.console.print(report.describe(), markup=False, highlight=False, soft_wrap=True)
+        if report.max_abs_diff > atol:
+            raise typer.Exit(1)
+        return
+    if config is None:
+        raise TrajlakeError("train needs --config PATH (or --replay RUN_ID --step N)")
     cfg = load_config(config, algo=algo, run_id=run_id, model=model, iterations=iterations, env_url=env_url,
                       reward_spec=reward_spec, train_filter=train_filter, train_snapshot=train_snapshot)
     result = run(cfg, State.lake_uri)
@@ -358,7 +383,10 @@ def main(argv: list[str] | None = None) -> int:
     args = list(sys.argv[1:] if argv is None else argv)
     debug = "--debug" in args
     try:
-        command.main(args=args, prog_name="trajlake", standalone_mode=False)
+        # without standalone mode click returns a command's typer.Exit(code) as the code instead of raising it
+        code = command.main(args=args, prog_name="trajlake", standalone_mode=False)
+        if isinstance(code, int) and code:
+            return code
     except typer.Exit as e:
         return e.exit_code
     except typer.Abort:

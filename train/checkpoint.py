@@ -18,6 +18,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import torch
+
 from trajlake.clock import utc_now
 from trajlake.errors import TrajlakeError
 from trajlake.schemas import Policy as PolicyRow
@@ -61,6 +63,13 @@ def save(engines: E.Engines, path: Path, *, state: dict[str, Any], save_optimize
     if D.is_main():
         (path / STATE_FILE).write_text(json.dumps(state, indent=1))
     D.barrier()
+
+
+def machine_state(world: int) -> dict[str, Any]:
+    """What a checkpoint's numbers depend on beyond its inputs (kept in trainer_state.json): the torch version,
+    its intra-op thread count (float sums are reduced in another order with another count) and the world size.
+    A replay of the step (`trajlake train --replay`) is bit-exact only where they are the same."""
+    return {"torch": torch.__version__, "threads": torch.get_num_threads(), "world": world}
 
 
 def load_state(engines: E.Engines, path: str | Path) -> dict[str, Any]:

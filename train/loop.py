@@ -35,7 +35,7 @@ from trajlake.train.algos.turns import TURN_INPUTS
 from trajlake.train.batch import check_episode_filter, collate, load_episodes
 from trajlake.train.config import ConfigError, TrainConfig
 from trajlake.train.progress import NO_SIGNAL_WARN, TrainProgress, no_signal_cause
-from trajlake.train.steps import prepare, rl_update, sft_update
+from trajlake.train.steps import iteration_update, sft_update
 
 
 @dataclass
@@ -121,7 +121,7 @@ class _Run:
 
     def checkpoint(self, engines: E.Engines, state: dict[str, Any]) -> tuple[C.PolicyRow, Any]:
         path = C.checkpoint_path(self.cfg.checkpoint_dir, self.run_id, self.step)
-        C.save(engines, path, state=state, save_optimizer=self.cfg.save_optimizer)
+        C.save(engines, path, state={**state, **C.machine_state(self.world)}, save_optimizer=self.cfg.save_optimizer)
         return C.policy_row(run_id=self.run_id, step=self.step, path=path, base_model=self.base,
                             parent=self.policy_id), path
 
@@ -305,7 +305,8 @@ def train(config: TrainConfig, lake: Lake | None) -> RunResult:
                     replay = replay_filter(c, r.run_id, it, r.lake, snap)  # earlier rollouts mixed in, if asked
                     replayed = load_episodes(r.lake, replay, snapshot=snap, spec_id=spec.spec_id) if replay else []
                     where = f"({where}) OR ({replay})" if replay else where
-                    payload = (snap, where, seqs + replayed, len(replayed))
+                    # in episode_id order, as one load of `where` gives them: a replay of the step gets this batch
+                    payload = (snap, where, sorted(seqs + replayed, key=lambda s: s.episode_id), len(replayed))
                 elif r.main:  # this iteration's groups of the stored rollouts
                     where = data.iteration_filter(it, c.tasks)
                     seqs = load_episodes(r.lake, where, snapshot=data.snapshot, spec_id=spec.spec_id)
@@ -314,16 +315,14 @@ def train(config: TrainConfig, lake: Lake | None) -> RunResult:
                 if not seqs:
                     raise TrajlakeError(f"iteration {it + 1}: the rollouts produced no agent tokens to train on")
                 t1 = time.perf_counter()
-                batch = collate(seqs, engines.pad_id)
-                prep, m_prep = prepare(engines, batch, c, kl_ctl)
-                m_upd = rl_update(engines, prep, c, kl_ctl, seed=c.seed + it, train_actor=it >= c.critic_warmup)
+                batch, m_upd = iteration_update(engines, seqs, c, kl_ctl, it)
                 t2 = time.perf_counter()
                 agent_tokens = int(batch.loss_mask.sum())
                 metrics = {"iteration": it + 1, "episodes": batch.size, "reward_mean": float(batch.scores.mean()),
                            "reward_std": float(batch.scores.std()) if batch.size > 1 else 0.0,
                            "success_mean": float(batch.success.float().mean()), "agent_tokens": agent_tokens,
                            "collect_s": t1 - t0, "update_s": t2 - t1,
-                           "rollout_tokens_per_s": agent_tokens / max(t1 - t0, 1e-9), **m_prep, **m_upd}
+                           "rollout_tokens_per_s": agent_tokens / max(t1 - t0, 1e-9), **m_upd}
                 # lineage: the episodes this step trained on are `episodes_where` at snapshot_read, under spec_id
                 metrics.update(episodes_where=where, spec_id=spec.spec_id, replayed=n_replayed / len(seqs))
                 if data is not None:  # the stored groups too small to use

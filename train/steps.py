@@ -31,7 +31,7 @@ from trajlake.train.algos import (
     masked_mean,
 )
 from trajlake.train.algos.turns import TURN_INPUTS
-from trajlake.train.batch import Batch, micro_batches, shard
+from trajlake.train.batch import Batch, collate, micro_batches, shard
 from trajlake.train.config import TrainConfig
 
 
@@ -405,3 +405,15 @@ def sft_update(engines: E.Engines, batch: Batch, rows: list[int], cfg: TrainConf
     minibatch_step(engines.actor, batch, rows, cfg, engines, sft_loss(engines, cfg), meter,
                    share=FW.can_share_prefix(engines.actor))
     return meter.result()
+
+
+def iteration_update(engines: E.Engines, seqs: list, cfg: TrainConfig, kl_ctl,
+                     it: int) -> tuple[Batch, dict[str, float]]:
+    """The update of RL iteration `it` (from 0) on its episodes `seqs` (load_episodes' EpisodeSeqs, in
+    episode_id order): collate, prepare, `rl_update` seeded with seed + it. The train loop and a replay of
+    one of its steps (`trajlake train --replay`) both call it, so a replay repeats the step's exact ops.
+    Returns the batch and the metrics of prepare and the update."""
+    batch = collate(seqs, engines.pad_id)
+    prep, m_prep = prepare(engines, batch, cfg, kl_ctl)
+    m_upd = rl_update(engines, prep, cfg, kl_ctl, seed=cfg.seed + it, train_actor=it >= cfg.critic_warmup)
+    return batch, {**m_prep, **m_upd}
