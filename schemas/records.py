@@ -122,6 +122,8 @@ class TrainStep:
     policy_id: str | None = None
     snapshot_read: int | None = None
     metrics: Any = None
+    spec_id: str | None = None
+    episode_ids: tuple[str, ...] | None = None
 
 
 RECORD_TYPES: dict[str, type] = {

@@ -221,9 +221,13 @@ TRAIN_STEPS = TableDef(
         _f("policy_id", pa.string()),
         _f("snapshot_read", pa.int64()),
         _json("metrics"),
+        # Lineage: the reward spec its batch was scored with and the episodes it trained on (read at
+        # snapshot_read; an SFT row: every episode of the steps since the run's previous row).
+        _f("spec_id", pa.string()),
+        _f("episode_ids", pa.list_(pa.string())),
     ]),
     ("run_id", "step"),
-    "Metrics of one training step, with the snapshot its batch was read from.",
+    "Metrics of one training step, with the snapshot its batch was read from and what it trained on.",
 )
 
 TABLES: dict[str, TableDef] = {

@@ -253,14 +253,22 @@ def _build(path: Path, tiny: Path) -> None:
     score(lake, default_spec())
     score(lake, load_spec(SPECS_DIR / "goal-and-turns.toml"))
 
-    policies = [Policy(f"{TRAIN_RUN}/step-{s}", run_id=TRAIN_RUN, step=s,
-                       parent_policy_id=tiny_id if s == 1 else f"{TRAIN_RUN}/step-{s - 1}") for s in (1, 2)]
+    # the lineage: tiny model > sft-demo/step-2 (SFT on the expert's episodes) > train-demo/step-1 > step-2
+    ids = lambda run: lake.query("SELECT episode_id FROM episodes WHERE run_id = ? ORDER BY 1",  # noqa: E731
+                                 [run])["episode_id"].to_list()
+    expert, tiny_eps = ids("collect-expert"), ids("collect-tiny")
+    spec = default_spec().spec_id
+    policies = [Policy("sft-demo/step-2", run_id="sft-demo", step=2, parent_policy_id=tiny_id)]
+    policies += [Policy(f"{TRAIN_RUN}/step-{s}", run_id=TRAIN_RUN, step=s,
+                        parent_policy_id="sft-demo/step-2" if s == 1 else f"{TRAIN_RUN}/step-{s - 1}") for s in (1, 2)]
     steps = [TrainStep(TRAIN_RUN, s, f"{TRAIN_RUN}/step-{s}" if s < 3 else None, 1,
                        {"iteration": s, "episodes": 4, "reward_mean": 0.1 * s, "reward_std": 0.1,
                         "success_mean": 0.25 * s, "kl": 0.01 * s, "entropy": 2.0 - 0.1 * s, "pg_clipfrac": 0.05,
-                        "grad_norm": 1.0, **({"eval_success": 0.5, "eval_env_reward": 0.5} if s == 2 else {})})
+                        "grad_norm": 1.0, **({"eval_success": 0.5, "eval_env_reward": 0.5} if s == 2 else {})},
+                       spec, tuple(tiny_eps[:1] if s == 1 else tiny_eps))
              for s in (1, 2, 3)]
-    steps += [TrainStep("sft-demo", s, None, 1, {"step": s, "episodes": 4, "loss": 1.0 / s, "nll": 1.0 / s})
+    steps += [TrainStep("sft-demo", s, "sft-demo/step-2" if s == 2 else None, 1,
+                        {"step": s, "episodes": 4, "loss": 1.0 / s, "nll": 1.0 / s}, None, tuple(expert[:2 * s]))
               for s in (1, 2)]
     lake.append({"runs": [Run(TRAIN_RUN, "train", status="finished"), Run("sft-demo", "train", status="finished")],
                  "policies": policies, "train_steps": steps}, stage="train", run_id=TRAIN_RUN)

@@ -31,6 +31,8 @@ COLUMNS = {
                     "grad_norm", "loss", "policy_id", "snapshot_read"],
     "policy_lineage": ["root_policy_id", "depth", "policy_id", "path", "episodes", "success_rate",
                        "mean_env_reward"],
+    "rollouts_of_policy": ["policy_id", "train_run", "spec_id", "steps", "episodes", "episode_uses", "rollout_runs",
+                           "played_by", "success_rate"],
 }
 
 
@@ -121,7 +123,23 @@ def test_train_curve_and_lineage(demo):
 
     lineage = run_file(demo, "policy_lineage")
     last = lineage.filter(lineage["policy_id"] == f"{TRAIN_RUN}/step-2").to_dicts()[0]
-    assert last["depth"] == 2 and last["root_policy_id"].startswith("hf:")
-    assert last["path"].endswith(f"{TRAIN_RUN}/step-1 > {TRAIN_RUN}/step-2")
+    assert last["depth"] == 3 and last["root_policy_id"].startswith("hf:")
+    assert last["path"].endswith(f"sft-demo/step-2 > {TRAIN_RUN}/step-1 > {TRAIN_RUN}/step-2")
     expert = lineage.filter(lineage["policy_id"] == EXPERT).to_dicts()[0]
     assert expert["depth"] == 0 and expert["episodes"] == 7 and expert["success_rate"] == 1.0
+
+
+def test_rollouts_of_policy_follow_the_lineage_through_runs(demo):
+    df = run_file(demo, "rollouts_of_policy")
+    made = {(r["policy_id"], r["train_run"]): r for r in df.to_dicts()}
+    tiny = demo.query("SELECT DISTINCT policy_id FROM episodes WHERE run_id = 'collect-tiny'").item()
+    # train-demo/step-2: its run's steps 1 and 2 (the tiny model's 2 episodes, one of them twice) and, through
+    # its start, sft-demo's 2 steps (the expert's first 4 episodes: the union of 2, then 4)
+    grpo, sft = made[(f"{TRAIN_RUN}/step-2", TRAIN_RUN)], made[(f"{TRAIN_RUN}/step-2", "sft-demo")]
+    assert (grpo["steps"], grpo["episodes"], grpo["episode_uses"]) == (2, 2, 3)
+    assert grpo["played_by"] == tiny and grpo["rollout_runs"] == "collect-tiny" and grpo["spec_id"]
+    assert (sft["steps"], sft["episodes"], sft["episode_uses"]) == (2, 4, 6)
+    assert sft["played_by"] == EXPERT and sft["success_rate"] == 1.0 and sft["spec_id"] is None
+    # step-1 went through step 1 of its run only; the SFT policy has no train run of GRPO before it
+    assert made[(f"{TRAIN_RUN}/step-1", TRAIN_RUN)]["episodes"] == 1
+    assert {k[1] for k in made if k[0] == "sft-demo/step-2"} == {"sft-demo"}

@@ -102,6 +102,10 @@ def test_sft_from_store_query(model, lake):
     assert [(s["step"], s["policy_id"]) for s in steps] == [(1, None), (2, "s1/step-2"), (3, None),
                                                              (4, "s1/step-4")]
     assert {s["snapshot_read"] for s in steps} == {steps[0]["snapshot_read"]}
+    # lineage: each row lists its step's mini-batch (minibatch_size 4 of the 8 expert episodes)
+    rows = lake.query("SELECT episode_ids FROM train_steps WHERE run_id = 's1' ORDER BY step")["episode_ids"]
+    expert = set(lake.query("SELECT episode_id FROM episodes WHERE run_id = 'expert'")["episode_id"])
+    assert [len(r) for r in rows] == [4, 4, 4, 4] and set().union(*rows) == expert
     parent = lake.query("SELECT parent_policy_id FROM policies WHERE policy_id = 's1/step-4'")[0, 0]
     assert parent == "s1/step-2"
     with pytest.raises(Exception, match="no episodes match"):

@@ -12,6 +12,7 @@ from tests.helpers import flat_params, small_cfg, tiny_model_dir, varied_spec
 from trajlake.collect.config import CollectConfig
 from trajlake.collect.rollout import collect
 from trajlake.errors import TrajlakeError
+from trajlake.rewards import load_spec
 from trajlake.store import Lake
 from trajlake.train.config import ConfigError, TrainConfig
 from trajlake.train.loop import train
@@ -60,10 +61,12 @@ def test_grpo_trains_on_stored_rollouts_without_collecting(stored, model):
         assert m["episodes"] == 4 and m["replayed"] == 1.0 and m["groups_left_out"] == 0
         assert "behaviour_kl" in m
     # lineage: each step names the episodes it trained on (a filter at its snapshot) and the spec
-    row = lake.query("SELECT snapshot_read, metrics->>'episodes_where' AS w, metrics->>'spec_id' AS spec "
+    row = lake.query("SELECT snapshot_read, metrics->>'episodes_where' AS w, spec_id, episode_ids "
                      "FROM train_steps WHERE run_id = 'r1' AND step = 2").row(0, named=True)
-    made = lake.query(f"SELECT count(*) AS n FROM episodes WHERE {row['w']}", snapshot=row["snapshot_read"])
-    assert made["n"][0] == 4 and row["spec"] == res.history[0]["spec_id"]
+    made = lake.query(f"SELECT episode_id FROM episodes WHERE {row['w']} ORDER BY episode_id",
+                      snapshot=row["snapshot_read"])
+    assert made["episode_id"].to_list() == list(row["episode_ids"]) and len(row["episode_ids"]) == 4
+    assert row["spec_id"] == load_spec(spec).spec_id
     config = lake.query("SELECT config FROM runs WHERE run_id = 'r1'")[0, 0]
     config = json.loads(config) if isinstance(config, str) else config
     assert config["train_snapshot_read"] == lake.query(

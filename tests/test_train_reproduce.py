@@ -34,8 +34,8 @@ def runs(tmp_path_factory):
 def _train_runs(lake, model, spec, folder):
     common = dict(tasks=2, samples=2, minibatch_size=2, micro_batch=2, reward_spec=spec, lr=1e-3, grad_clip=1.0,
                   checkpoint_dir=str(folder / "ckpt"), save_optimizer=True)
-    train(small_cfg(model, run_id="g", iterations=3, kl_coef=0.05, kl_controller="adaptive", kl_target=0.01, kl_horizon=100,
-                    replay_ratio=0.5, old_logprobs="behaviour", epochs=2, **common), lake)
+    train(small_cfg(model, run_id="g", iterations=3, kl_coef=0.05, kl_controller="adaptive", kl_target=0.01,
+                    kl_horizon=100, replay_ratio=0.5, old_logprobs="behaviour", epochs=2, **common), lake)
     train(small_cfg(model, run_id="p", algo="ppo", iterations=2, **common), lake)
     train(small_cfg(model, run_id="nostate", iterations=2, **{**common, "save_optimizer": False}), lake)
 

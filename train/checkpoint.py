@@ -95,10 +95,13 @@ def clean_metrics(metrics: dict[str, Any]) -> dict[str, Any]:
 
 
 def commit(lake: Lake, *, run_id: str, step: int, metrics: dict[str, Any], snapshot_read: int | None,
-           policy: PolicyRow | None = None) -> int | None:
-    """One snapshot: the train_steps row (naming `policy` when given) and the policy's row."""
+           policy: PolicyRow | None = None, spec_id: str | None = None,
+           episode_ids: tuple[str, ...] | None = None) -> int | None:
+    """One snapshot: the train_steps row (naming `policy` when given, and its lineage: the spec and the
+    episodes it trained on) and the policy's row."""
     rows: dict[str, list] = {"train_steps": [TrainStep(run_id, step, policy.policy_id if policy else None,
-                                                       snapshot_read, clean_metrics(metrics))]}
+                                                       snapshot_read, clean_metrics(metrics), spec_id,
+                                                       episode_ids)]}
     if policy is not None:
         rows["policies"] = [policy]
     what = f"checkpoint {policy.policy_id}" if policy else "metrics"

@@ -132,11 +132,12 @@ class _Run:
         return C.checkpoint_path(self.cfg.checkpoint_dir, self.run_id, 0).parent / "metrics.jsonl"
 
     def commit(self, *, step: int, metrics: dict[str, Any], snapshot_read: int | None,
-               policy: C.PolicyRow | None = None) -> None:
+               policy: C.PolicyRow | None = None, spec_id: str | None = None,
+               episode_ids: tuple[str, ...] | None = None) -> None:
         """Rank 0: one train_steps row (and the policy's) in the lake, and the same metrics as a line of
         `metrics_log`."""
         C.commit(self.lake, run_id=self.run_id, step=step, metrics=metrics, snapshot_read=snapshot_read,
-                 policy=policy)
+                 policy=policy, spec_id=spec_id, episode_ids=episode_ids)
         self.metrics_log.parent.mkdir(parents=True, exist_ok=True)
         with open(self.metrics_log, "a") as f:
             f.write(json.dumps({"run_id": self.run_id, "step": step, "policy_id": policy.policy_id if policy else None,
@@ -323,8 +324,9 @@ def train(config: TrainConfig, lake: Lake | None) -> RunResult:
                            "success_mean": float(batch.success.float().mean()), "agent_tokens": agent_tokens,
                            "collect_s": t1 - t0, "update_s": t2 - t1,
                            "rollout_tokens_per_s": agent_tokens / max(t1 - t0, 1e-9), **m_upd}
-                # lineage: the episodes this step trained on are `episodes_where` at snapshot_read, under spec_id
-                metrics.update(episodes_where=where, spec_id=spec.spec_id, replayed=n_replayed / len(seqs))
+                # lineage: the episodes this step trained on are `episodes_where` at snapshot_read (the query; the
+                # row's episode_ids lists them), scored by the row's spec_id
+                metrics.update(episodes_where=where, replayed=n_replayed / len(seqs))
                 if data is not None:  # the stored groups too small to use
                     metrics.update(groups_left_out=data.small_groups)
                 no_signal = no_signal + 1 if metrics.get("signal_rows", 1.0) == 0 else 0
@@ -339,7 +341,8 @@ def train(config: TrainConfig, lake: Lake | None) -> RunResult:
                 if c.eval_every and (r.step % c.eval_every == 0 or r.step == c.iterations):
                     metrics.update(evaluate(r, engines, row.policy_id, str(path), r.step))
                 if r.main:
-                    r.commit(step=r.step, metrics=metrics, snapshot_read=snap, policy=row)
+                    r.commit(step=r.step, metrics=metrics, snapshot_read=snap, policy=row, spec_id=spec.spec_id,
+                             episode_ids=tuple(s.episode_id for s in seqs))
                 D.barrier()
                 r.policy_id, r.model_path = row.policy_id, str(path)
                 result.policy_id, result.step = r.policy_id, r.step
@@ -387,8 +390,11 @@ def sft(config: TrainConfig, lake: Lake | None) -> RunResult:
     try:
         with TrainProgress(c.sft_steps, enabled=c.progress and r.main, run_id=r.run_id, done=r.step,
                            every=c.log_every) as bar:
+            trained: dict[str, None] = {}  # lineage: the episodes of the steps since the last row, in order
             while r.step < c.sft_steps:
-                m = sft_update(engines, batch, rows_of(r.step), c)
+                rows = rows_of(r.step)
+                m = sft_update(engines, batch, rows, c)
+                trained.update((batch.episode_ids[i], None) for i in rows)
                 r.step += 1
                 m = {"step": r.step, "episodes": n, **m, "elapsed_s": time.perf_counter() - t0}
                 result.history.append(m)
@@ -397,11 +403,13 @@ def sft(config: TrainConfig, lake: Lake | None) -> RunResult:
                 if last or (c.checkpoint_every and r.step % c.checkpoint_every == 0):
                     row, path = r.checkpoint(engines, {"step": r.step})
                     if r.main:
-                        r.commit(step=r.step, metrics=m, snapshot_read=snap, policy=row)
+                        r.commit(step=r.step, metrics=m, snapshot_read=snap, policy=row, episode_ids=tuple(trained))
+                    trained.clear()
                     r.policy_id = result.policy_id = row.policy_id
                     result.step = r.step
                 elif r.step % c.log_every == 0 and r.main:
-                    r.commit(step=r.step, metrics=m, snapshot_read=snap)
+                    r.commit(step=r.step, metrics=m, snapshot_read=snap, episode_ids=tuple(trained))
+                    trained.clear()
         r.finish("finished")
     except BaseException:
         r.finish("failed")

@@ -30,7 +30,7 @@ from trajlake.train.config import FIELDS, config_from_dict
 from trajlake.train.steps import iteration_update
 
 STEP_SQL = """
-SELECT s.step, s.policy_id, s.snapshot_read, s.metrics, p.checkpoint_uri FROM train_steps s
+SELECT s.step, s.policy_id, s.snapshot_read, s.metrics, s.spec_id, s.episode_ids, p.checkpoint_uri FROM train_steps s
 LEFT JOIN policies p USING (policy_id) WHERE s.run_id = ? AND s.step IN (?, ?)
 """
 
@@ -114,9 +114,9 @@ def _rows(lake: Lake, run_id: str, step: int) -> tuple[dict[str, Any] | None, di
     for r in rows.values():
         m = r["metrics"]
         r["metrics"] = json.loads(m) if isinstance(m, str) else (m or {})
-    if not this["metrics"].get("episodes_where") or not this["metrics"].get("spec_id"):
-        raise ReplayError(f"step {step} of run {run_id} records no lineage (metrics episodes_where and spec_id: "
-                          "steps trained by an older trajlake lack them), so its episodes are unknown")
+    if not this["metrics"].get("episodes_where") or not this["spec_id"] or this["episode_ids"] is None:
+        raise ReplayError(f"step {step} of run {run_id} records no lineage (its episodes_where, spec_id and "
+                          "episode_ids: steps trained by an older trajlake lack them), so its episodes are unknown")
     return (rows.get(step - 1) if step > 1 else None), this
 
 
@@ -172,15 +172,15 @@ def replay_step(lake: Lake, run_id: str, step: int) -> StepReplay:
     if step > 1 and prev is None:
         raise ReplayError(f"run {run_id} has no checkpointed step {step - 1} to start step {step} from")
     target = _checkpoint(this, run_id, optimizer=False)
-    where, spec_id, snap = this["metrics"]["episodes_where"], this["metrics"]["spec_id"], this["snapshot_read"]
+    where, spec_id, snap = this["metrics"]["episodes_where"], this["spec_id"], this["snapshot_read"]
     try:
         seqs = load_episodes(lake, where, snapshot=snap, spec_id=spec_id)
     except TrajlakeError as e:
         raise ReplayError(f"step {step} of run {run_id}: its episodes cannot be read at snapshot {snap} as they "
                           f"were: {e}") from None
-    if len(seqs) != this["metrics"].get("episodes", len(seqs)):
-        raise ReplayError(f"step {step} of run {run_id} trained on {this['metrics']['episodes']} episodes; "
-                          f"{len(seqs)} match its episodes_where at snapshot {snap} now")
+    if [s.episode_id for s in seqs] != list(this["episode_ids"]):
+        raise ReplayError(f"step {step} of run {run_id} trained on {len(this['episode_ids'])} episodes; its "
+                          f"episodes_where reads {len(seqs)} others or in another order at snapshot {snap} now")
     engines = E.build_engines(cfg, str(prev_path or start), critic=cfg.algo == "ppo", ref=cfg.kl_coef > 0,
                               ref_path=start, critic_path=start)
     state = C.load_state(engines, prev_path) if prev_path is not None else {}
