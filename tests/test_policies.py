@@ -5,6 +5,7 @@ envs, real lakes; the OpenAI endpoint is a small real HTTP server in this module
 from __future__ import annotations
 
 import json
+import re
 import socket
 import threading
 import time
@@ -165,14 +166,32 @@ def test_noisy_expert_guesses_where_the_key_is_hidden(tiny, shared, tmp_path):
 @pytest.mark.parametrize("spec, message", [
     ("scripted:doors?noise=1.5", "noise must be a probability between 0 and 1, got '1.5'"),
     ("scripted:doors?noise=high", "noise must be a probability between 0 and 1, got 'high'"),
-    ("scripted:doors?temperature=1", "unknown expert option 'temperature=1'; valid: noise=P"),
-    ("scripted:doors?noise", "unknown expert option 'noise'; valid: noise=P"),
+    ("scripted:doors?temperature=1", "unknown expert option 'temperature=1'; valid (0 <= P <= 1): noise=P"),
+    ("scripted:doors?noise", "unknown expert option 'noise'; valid (0 <= P <= 1): noise=P"),
+    ("scripted:doors?noise=0.1&verbose=2", "verbose must be a probability between 0 and 1, got '2'"),
+    ("scripted:doors?verbose=0.5", "the plain template has no thought to make verbose"),
     ("scripted:maze?noise=0.5", "the maze expert has no hasty guess to play, so it has no noisy variant"),
 ])
 def test_noisy_expert_spec_errors(spec, message):
     env = spec.split(":")[1].split("?")[0]
-    with pytest.raises(TrajlakeError, match=message.replace("(", r"\(").replace("?", r"\?")):
+    with pytest.raises(TrajlakeError, match=re.escape(message)):
         load_policy(spec, env=env, template=get_template("plain"))
+
+
+def test_verbose_expert_restates_the_observation_in_some_thoughts(tiny, shared):
+    """scripted:doors?verbose=P: with probability P a reply's thought restates the observation (a long reply),
+    else it is the short one; the action, and so success, is the expert's either way."""
+    kw = dict(env="doors", difficulty=1, max_turns=1, template="think_action", tokenizer=str(tiny), tasks=64)
+    collect(cfg(policy="scripted:doors?verbose=0.5", run_id="verbose", **kw), shared)
+    eps = episodes_of(shared, "verbose")
+    assert set(eps["policy_id"]) == {"scripted:doors?verbose=0.5"} and eps["success"].all()
+    replies = turns_of(shared, "verbose")
+    long = [t for t in replies.iter_rows(named=True) if "doors:" in t["action_text"]]
+    assert 0.3 < len(long) / replies.height < 0.7
+    for t in long:
+        restated = " ".join(t["observation"].split())  # its whitespace made single spaces
+        assert t["action_text"].startswith(f"<think>{restated} So I will {t['action']}.</think>")
+        assert t["num_response_tokens"] > 2 * min(replies["num_response_tokens"])
 
 
 def test_doors_guess_reads_only_the_observation():

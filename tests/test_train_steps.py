@@ -12,7 +12,7 @@ from trajlake.train import engine as E
 from trajlake.train import forward as FW
 from trajlake.train.algos import make_kl_controller
 from trajlake.train.batch import collate
-from trajlake.train.steps import actor_loss_terms, prepare, rl_update, sft_update
+from trajlake.train.steps import _old_logprobs, actor_loss_terms, prepare, rl_update, sft_update
 
 
 @pytest.fixture(scope="module")
@@ -131,6 +131,36 @@ def test_behaviour_logprobs_as_old(model):
     capped = small_cfg(model, is_cap=2.0)
     _, m = _run(capped, _engines(capped, model), synthetic(8, group_size=4))
     assert 0 < m["is_weight_mean"] <= 2.0
+
+
+def test_behaviour_kl_is_measured_against_the_current_policy(model):
+    """With old_logprobs behaviour the ratio needs no pi_old, but behaviour_kl still says how far the policy
+    is from the one that played: mean(behaviour - current log-prob) over agent tokens."""
+    cfg = small_cfg(model, old_logprobs="behaviour")
+    eng = _engines(cfg, model)
+    seqs = synthetic(8, group_size=4, scores=[0, 1, 0, 1, 1, 0, 0, 1])
+    batch = collate(seqs, eng.pad_id)
+    prep, m = prepare(eng, batch, cfg, make_kl_controller("fixed", 0.0))
+    current = _old_logprobs(eng, batch, cfg)  # the actor's log-probs of the batch, no gradient
+    mask = batch.loss_mask > 0
+    want = float((torch.nan_to_num(batch.behaviour_logprobs) - current)[mask].mean())
+    assert m["behaviour_kl"] == pytest.approx(want, rel=1e-5) and abs(want) > 0.1
+
+
+def test_advantage_floor_raises_only_what_is_below_it(model):
+    """advantage_floor 0: the negative advantages become 0 (those sequences then leave the update, having no
+    gradient), the positive ones are untouched; None leaves every advantage as the estimator gave it."""
+    seqs = synthetic(8, group_size=4, scores=[0, 1, 0, 1, 1, 0, 0, 1])
+    eng = _engines(small_cfg(model), model)
+    batch = collate(seqs, eng.pad_id)
+    kl = make_kl_controller("fixed", 0.0)
+    plain, _ = prepare(eng, batch, small_cfg(model), kl)
+    floored, m = prepare(eng, batch, small_cfg(model, advantage_floor=0.0), kl)
+    mask = batch.loss_mask > 0
+    assert (plain.advantages[mask] < 0).any() and m["adv_floored"] == 0.5  # half the samples scored 0
+    assert torch.equal(floored.advantages, torch.where(mask & (plain.advantages < 0), 0.0, plain.advantages))
+    _, m = _run(small_cfg(model, advantage_floor=0.0), eng, seqs)
+    assert m["signal_rows"] == 0.5  # the update trains on the 4 better samples only
 
 
 def test_kl_loss_and_reward_penalty(model):

@@ -140,6 +140,11 @@ class TrainConfig(RolloutConfig):
     """Leave out of the actor's update the sequences whose advantage is 0 on every token (GRPO groups whose
     samples all scored the same, DAPO's dynamic-sampling filter): they add no policy gradient, but a step on
     them alone would still move the weights by Adam's momentum. An iteration with none left skips the update."""
+    advantage_floor: float | None = None
+    """Raise every advantage below this to it (None: off). 0 learns only from the samples that did better
+    than their baseline: on stored rollouts the policy no longer plays (train_filter), pushing the worse
+    ones down moves their probability onto replies the data never shows, whose failures the update never
+    sees (measured in the README's re-score-and-retrain workflow)."""
     entropy_coef: float = 0.0
     """Entropy bonus weight (loss -= entropy_coef * entropy)."""
     kl_coef: float = 0.0

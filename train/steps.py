@@ -196,6 +196,9 @@ def prepare(engines: E.Engines, batch: Batch, cfg: TrainConfig, kl_ctl) -> tuple
             raise TrajlakeError(f"episode {bad} has no behaviour log-probs (a text policy played it): use "
                                 "old_logprobs = recompute")
         old = behaviour * mask
+        # the ratio needs no pi_old, but how far the policy now is from the one that played is worth knowing
+        if both.any():
+            metrics["behaviour_kl"] = float((behaviour - _old_logprobs(engines, batch, cfg))[both].mean())
     elif lazy:
         old = torch.zeros_like(mask)  # filled in below for the rows the actor does not train on
     else:
@@ -205,7 +208,7 @@ def prepare(engines: E.Engines, batch: Batch, cfg: TrainConfig, kl_ctl) -> tuple
         w = torch.exp((old - behaviour).clamp(-20, 20)).clamp(max=cfg.is_cap)
         is_weights = torch.where(has_behaviour & (mask > 0), w, torch.ones_like(w))
         metrics["is_weight_mean"] = float(masked_mean(is_weights, mask))
-    if both.any() and not lazy:
+    if both.any() and not lazy and cfg.old_logprobs != "behaviour":
         metrics["behaviour_kl"] = float((behaviour - old)[both].mean())  # k1 estimate of KL(mu || pi_old)
     ref = None
     rewards = batch.token_rewards.clone()
@@ -226,6 +229,10 @@ def prepare(engines: E.Engines, batch: Batch, cfg: TrainConfig, kl_ctl) -> tuple
         lam=cfg.lam, whiten=cfg.whiten_advantages, norm_by_std=cfg.norm_adv_by_std,
         **turn_inputs(cfg.advantage_name, batch, cfg))
     m = mask > 0
+    if cfg.advantage_floor is not None:
+        floored = (adv < cfg.advantage_floor) & m
+        metrics["adv_floored"] = float(floored.any(-1).float().mean())  # the share of sequences raised
+        adv = torch.where(floored, torch.full_like(adv, cfg.advantage_floor), adv)
     metrics.update(adv_mean=float(adv[m].mean()), adv_abs_mean=float(adv[m].abs().mean()))
     rest = (0.0, 0.0)
     if lazy and cfg.drop_zero_advantage:  # pi_old of the rows left out of the update (no advantage) is

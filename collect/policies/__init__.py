@@ -134,7 +134,7 @@ def _load_scripted(spec: str, arg: str, *, env: str, template: ActionTemplate, t
     from trajlake.collect.policies.scripted import ScriptedPolicy, parse_expert_options
 
     expert, _, query = arg.partition("?")
-    return ScriptedPolicy(_expert_env(spec, expert, env), template, tokenizer, noise=parse_expert_options(spec, query))
+    return ScriptedPolicy(_expert_env(spec, expert, env), template, tokenizer, **parse_expert_options(spec, query))
 
 
 POLICY_SCHEMES.add("hf", PolicyScheme(name="hf", load=_load_hf,

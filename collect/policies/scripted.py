@@ -15,43 +15,55 @@ from trajlake.collect.policies.base import Generation, Policy, Request, Sampling
 from trajlake.collect.templates import ActionTemplate
 from trajlake.errors import TrajlakeError
 
-NOISE_OPTIONS = ("noise",)
+#: `scripted:ENV?OPTION=P&...`: each a probability, per turn
+EXPERT_OPTIONS = {
+    "noise": "the hasty demonstrator's guess (Expert.guess) instead of the expert's action",
+    "verbose": "a long thought (the observation restated) instead of a short one, for templates with a thought",
+}
 
 
-def parse_expert_options(spec: str, query: str) -> float:
-    """The noise of `scripted:ENV?noise=P`: the probability that each action is the hasty demonstrator's guess
-    (Expert.guess) instead of the expert's. One clear line for anything else."""
-    if not query:
-        return 0.0
-    key, sep, value = query.partition("=")
-    if key not in NOISE_OPTIONS or not sep:
-        raise TrajlakeError(f"{spec}: unknown expert option {query!r}; valid: noise=P (0 <= P <= 1)")
-    try:
-        noise = float(value)
-    except ValueError:
-        noise = -1.0
-    if not 0.0 <= noise <= 1.0:
-        raise TrajlakeError(f"{spec}: noise must be a probability between 0 and 1, got {value!r}")
-    return noise
+def parse_expert_options(spec: str, query: str) -> dict[str, float]:
+    """The options of `scripted:ENV?noise=P&verbose=Q` (each 0 when not given). One clear line for anything else."""
+    out = dict.fromkeys(EXPERT_OPTIONS, 0.0)
+    valid = "; ".join(f"{k}=P: {v}" for k, v in EXPERT_OPTIONS.items())
+    for part in filter(None, query.split("&")):
+        key, sep, value = part.partition("=")
+        if key not in EXPERT_OPTIONS or not sep:
+            raise TrajlakeError(f"{spec}: unknown expert option {part!r}; valid (0 <= P <= 1): {valid}")
+        try:
+            p = float(value)
+        except ValueError:
+            p = -1.0
+        if not 0.0 <= p <= 1.0:
+            raise TrajlakeError(f"{spec}: {key} must be a probability between 0 and 1, got {value!r}")
+        out[key] = p
+    return out
 
 
 class ScriptedPolicy(Policy):
     """The scripted expert of env `env_name`, one expert instance per live episode.
 
     With `noise` P > 0 it is a noisy demonstrator: at each turn, with probability P, it plays the env's hasty
-    guess (`Expert.guess`, made from the observation alone) instead of the expert's action. The guesses are
-    seeded by the run's sampling seed and the episode key: a resumed or repeated collect replays the same
-    demonstrations, and another seed draws others.
+    guess (`Expert.guess`, made from the observation alone) instead of the expert's action. With `verbose` Q
+    > 0 it is a verbose one: with probability Q a turn's thought restates the whole observation before the
+    action instead of the short "I will ACTION." (a spread of reply lengths at equal success, e.g. for a
+    length penalty to act on). Both are seeded by the run's sampling seed and the episode key: a resumed or
+    repeated collect replays the same demonstrations, and another seed draws others.
     """
 
     exact_tokens = False
 
-    def __init__(self, env_name: str, template: ActionTemplate, tokenizer: Any = None, noise: float = 0.0):
+    def __init__(self, env_name: str, template: ActionTemplate, tokenizer: Any = None, noise: float = 0.0,
+                 verbose: float = 0.0):
         self.env_name = env_name
         self.template = template
         self.tokenizer = tokenizer
-        self.noise = noise
-        self.policy_id = f"scripted:{env_name}" + (f"?noise={noise:g}" if noise else "")
+        self.noise, self.verbose = noise, verbose
+        options = "&".join(f"{k}={v:g}" for k, v in (("noise", noise), ("verbose", verbose)) if v)
+        self.policy_id = f"scripted:{env_name}" + (f"?{options}" if options else "")
+        if verbose and "{thought}" not in template.render_format:
+            raise TrajlakeError(f"{self.policy_id}: the {template.name} template has no thought to make verbose "
+                                "(use think_action or react)")
         self._env = make_env(env_name)
         expert = self._env.expert()  # an env without an expert fails here, before anything is played
         if noise and type(expert).guess is Expert.guess:
@@ -72,17 +84,26 @@ class ScriptedPolicy(Policy):
         self._experts.pop(key, None)
         self._rngs.pop(key, None)
 
+    def _rng(self, key: str, seed: int) -> random.Random:
+        return self._rngs.setdefault(key, random.Random(f"noise:{seed}:{key}"))
+
     def _action(self, key: str, observation: str, seed: int) -> str:
-        rng = self._rngs.setdefault(key, random.Random(f"noise:{seed}:{key}"))
+        rng = self._rng(key, seed)
         if self.noise and rng.random() < self.noise:
             guess = self._experts[key].guess(observation, rng)
             if guess is not None:
                 return guess
         return self._experts[key].act(observation)
 
+    def _thought(self, key: str, observation: str, action: str, seed: int) -> str:
+        if self.verbose and self._rng(key, seed).random() < self.verbose:
+            return f"{' '.join(observation.split())} So I will {action}."
+        return f"I will {action}."
+
     def generate(self, requests: list[Request], params: SamplingParams) -> list[Generation]:
         out = []
         for r in requests:
             action = self._action(r.key, r.observation, params.seed)
-            out.append(Generation(text=self.template.render(action, thought=f"I will {action}.")))
+            thought = self._thought(r.key, r.observation, action, params.seed)
+            out.append(Generation(text=self.template.render(action, thought=thought)))
         return out
