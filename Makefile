@@ -16,7 +16,7 @@ SMOLLM2 ?= models/smollm2
 TEXTCRAFT_SERVER ?= ../shared/agentgym/agentenv-textcraft
 
 .PHONY: setup setup-agentgym setup-smollm2 test test-slow test-all demo demo-smollm2 agentgym-pipeline \
-	agentgym-pipeline-smollm2 collect rewards train train-warmstart envs sql snapshots maintain lint clean
+	agentgym-pipeline-smollm2 rescore collect rewards train train-warmstart envs sql snapshots maintain lint clean
 
 setup: $(STAMP)
 
@@ -61,6 +61,13 @@ agentgym-pipeline: setup
 
 agentgym-pipeline-smollm2: setup-smollm2
 	$(PY) -m trajlake.agentgym_pipeline --lake $(LAKE) --model smollm2 $(if $(ENV_URL),--env-url $(ENV_URL),)
+
+# Re-score and retrain (README): a verbose policy's stored rollouts re-scored with a length penalty
+# (rewards/specs/concise.toml) and trained on without playing, beside the same retrain under the old spec;
+# SEEDS="0 1 2" repeats the whole workflow per seed (about 2 minutes a seed on 2 CPU cores).
+SEEDS ?= 0
+rescore: setup
+	$(PY) -m trajlake.rescore --lake $(LAKE) --seeds $(SEEDS)
 
 # The tiny offline model the default targets play with.
 $(MODEL)/model.safetensors: | $(STAMP)

@@ -1,0 +1,41 @@
+"""`make rescore` (rescore.py): stored rollouts re-scored with a length penalty and retrained on without
+playing; the new policy follows the new reward (shorter replies, success kept) where the same retrain under
+the old spec does not. The whole workflow is slow (about 2 minutes); its config checks are not."""
+
+from __future__ import annotations
+
+import pytest
+
+from trajlake.errors import TrajlakeError
+from trajlake.rescore import RescoreConfig, main, run
+
+
+@pytest.mark.parametrize("kw, message", [
+    (dict(samples=1), "samples must be >= 2"),
+    (dict(iterations=0), "iterations must be >= 1"),
+    (dict(seeds=()), "at least one seed"),
+    (dict(verbose=1.0), "verbose must be between 0 and 1"),
+])
+def test_config_errors_name_the_field(kw, message):
+    with pytest.raises(TrajlakeError, match=message):
+        RescoreConfig(**kw)
+
+
+def test_cli_error_is_one_line(capsys, tmp_path):
+    assert main(["--lake", str(tmp_path / "lake"), "--iterations", "0"]) == 1
+    assert capsys.readouterr().err.strip() == "error: rescore: iterations must be >= 1, got 0"
+    assert not (tmp_path / "lake").exists()
+
+
+@pytest.mark.slow
+def test_retrained_on_stored_rollouts_under_the_new_spec_replies_shorter_and_still_succeeds(tmp_path):
+    cfg = RescoreConfig(lake=str(tmp_path / "lake"), models=tmp_path / "models", checkpoints=tmp_path / "ckpt",
+                        eval_tasks=100, progress=False)
+    res = {r["stage"]: r for r in run(cfg).to_dicts()}
+    sft, concise, control = res["SFT (played the rollouts)"], res["concise"], res["default (control)"]
+    assert concise["long_replies"] < sft["long_replies"] / 2, "the new policy follows the new reward"
+    assert concise["reply_tokens"] < sft["reply_tokens"] - 5
+    assert concise["success"] >= sft["success"] - 0.1, "success kept"
+    # retraining alone (the old spec) shortens some too, by sharpening towards the more frequent short reply
+    assert control["long_replies"] > concise["long_replies"] + 0.05, "the spec made the difference"
+    assert concise["concise_reward"] > max(sft["concise_reward"], control["concise_reward"])
