@@ -31,7 +31,7 @@ COLUMNS = {
                     "grad_norm", "loss", "policy_id", "snapshot_read"],
     "policy_lineage": ["root_policy_id", "depth", "policy_id", "path", "episodes", "success_rate",
                        "mean_env_reward"],
-    "rollouts_of_policy": ["policy_id", "train_run", "spec_id", "steps", "episodes", "episode_uses", "rollout_runs",
+    "rollouts_of_policy": ["policy_id", "train_run", "spec_id", "step_rows", "episodes", "episode_uses", "rollout_runs",
                            "played_by", "success_rate"],
 }
 
@@ -136,9 +136,9 @@ def test_rollouts_of_policy_follow_the_lineage_through_runs(demo):
     # train-demo/step-2: its run's steps 1 and 2 (the tiny model's 2 episodes, one of them twice) and, through
     # its start, sft-demo's 2 steps (the expert's first 4 episodes: the union of 2, then 4)
     grpo, sft = made[(f"{TRAIN_RUN}/step-2", TRAIN_RUN)], made[(f"{TRAIN_RUN}/step-2", "sft-demo")]
-    assert (grpo["steps"], grpo["episodes"], grpo["episode_uses"]) == (2, 2, 3)
+    assert (grpo["step_rows"], grpo["episodes"], grpo["episode_uses"]) == (2, 2, 3)
     assert grpo["played_by"] == tiny and grpo["rollout_runs"] == "collect-tiny" and grpo["spec_id"]
-    assert (sft["steps"], sft["episodes"], sft["episode_uses"]) == (2, 4, 6)
+    assert (sft["step_rows"], sft["episodes"], sft["episode_uses"]) == (2, 4, 6)
     assert sft["played_by"] == EXPERT and sft["success_rate"] == 1.0 and sft["spec_id"] is None
     # step-1 went through step 1 of its run only; the SFT policy has no train run of GRPO before it
     assert made[(f"{TRAIN_RUN}/step-1", TRAIN_RUN)]["episodes"] == 1

@@ -21,7 +21,7 @@ trained AS (
     FROM reach r JOIN train_steps s ON s.run_id = r.run_id AND s.step <= r.upto
 )
 SELECT t.policy_id, t.run_id AS train_run, t.spec_id,
-       count(DISTINCT t.step) AS steps,
+       count(DISTINCT t.step) AS step_rows,  -- train_steps rows (an SFT row: its steps since the row before)
        count(DISTINCT t.episode_id) AS episodes,
        count(*) AS episode_uses,
        string_agg(DISTINCT e.run_id, ', ' ORDER BY e.run_id) AS rollout_runs,
