@@ -264,8 +264,8 @@ def train(
                   ("--train-filter", train_filter), ("--train-snapshot", train_snapshot))
         given = [n for n, v in others if v is not None]
         if replay is None or step is None or given:
-            raise TrajlakeError("--replay RUN_ID and --step N go together, and alone: the run's stored config says "
-                                "the rest" + (f" (drop {', '.join(given)})" if given else ""))
+            raise typer.BadParameter("--replay RUN_ID and --step N go together, and alone: the run's stored config "
+                                     "says the rest" + (f" (drop {', '.join(given)})" if given else ""))
         from trajlake.train.reproduce import replay_step
 
         with open_lake() as lake:
@@ -275,7 +275,7 @@ def train(
             raise typer.Exit(1)
         return
     if config is None:
-        raise TrajlakeError("train needs --config PATH (or --replay RUN_ID --step N)")
+        raise typer.BadParameter("Missing option '--config' (or --replay RUN_ID --step N)")
     cfg = load_config(config, algo=algo, run_id=run_id, model=model, iterations=iterations, env_url=env_url,
                       reward_spec=reward_spec, train_filter=train_filter, train_snapshot=train_snapshot)
     result = run(cfg, State.lake_uri)

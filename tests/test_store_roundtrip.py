@@ -81,6 +81,8 @@ def value_strategy(field: pa.Field) -> st.SearchStrategy:
         s = st.lists(INT32, max_size=6).map(tuple)  # empty lists included
     elif t == LOGPROBS:
         s = st.lists(FLOAT32, max_size=6).map(tuple)
+    elif t == pa.list_(pa.string()):
+        s = st.lists(TEXT, max_size=4).map(tuple)
     elif pa.types.is_map(t):
         s = st.dictionaries(MAP_KEY, FLOAT64, max_size=4)  # {} included
     else:
