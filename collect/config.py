@@ -59,6 +59,10 @@ class RolloutConfig:
     """What the env gets for a reply without a valid action: `raw` (the whole reply) or `empty`."""
     concurrency: int = 32
     """Live episodes at once: each turn their prompts go to the policy in one batched call."""
+    replicas: int = 1
+    """Copies of a model policy (hf, vllm, policy:ID), each a Ray actor, the live episodes spread over them
+    (each stays on one); 1: the policy runs in this process. With RAY_ADDRESS set they are placed on that
+    Ray cluster's nodes."""
 
     def __post_init__(self):
         check_field_types(self, self.config_name, self.error_type)  # first: the checks below compare values
@@ -68,6 +72,7 @@ class RolloutConfig:
             (self.split in SPLITS, f"split must be one of {', '.join(SPLITS)}, got {self.split!r}"),
             (self.max_turns >= 1, f"max_turns must be >= 1, got {self.max_turns}"),
             (self.concurrency >= 1, f"concurrency must be >= 1, got {self.concurrency}"),
+            (self.replicas >= 1, f"replicas must be >= 1, got {self.replicas}"),
             (self.template is None or self.template in TEMPLATES,
              f"unknown template {self.template!r}; valid: {', '.join(TEMPLATES)}"),
             (self.truncation in TRUNCATION, f"unknown truncation {self.truncation!r}; valid: {TRUNCATION}"),
@@ -222,8 +227,10 @@ RUN_FIELDS = ("env", "env_kwargs", "policy", "split", "tasks", "task_offset", "s
               "temperature", "top_p", "max_new_tokens", "seed", "template", "on_format_error", "max_context_tokens",
               "truncation", "system_prompt", "tokenizer", "run_kind", "parent_run_id")
 # How a run is carried out, not what it plays: these may differ on every restart (fewer live episodes on a
-# smaller machine, Ray workers or none, other chunk sizes, no progress bar), and the run id is the key itself.
-OPERATIONAL_FIELDS = ("run_id", "env_url", "concurrency", "workers", "chunk_turns", "chunk_seconds", "progress")
+# smaller machine, policy replicas and Ray workers or none, other chunk sizes, no progress bar), and the run id
+# is the key itself.
+OPERATIONAL_FIELDS = ("run_id", "env_url", "concurrency", "replicas", "workers", "chunk_turns", "chunk_seconds",
+                      "progress")
 # env_kwargs of an env server's client that say where the server is and how patiently to call it, not which env
 # it serves: a server restarted elsewhere (another port or host) still serves the same tasks. (Which AgentGym
 # environment it is, `agentgym/NAME`, is the env itself, and stays part of the run.)

@@ -23,7 +23,7 @@ from trajlake.clock import utc_now
 from trajlake.collect.chat import ChatRenderer
 from trajlake.collect.config import RUN_KINDS, CollectConfig, describe_differences
 from trajlake.collect.envpool import EnvPool, LocalEnvPool, Outcome, RayEnvPool
-from trajlake.collect.policies import Policy, Request, SamplingParams, load_policy
+from trajlake.collect.policies import Policy, Request, SamplingParams, load_policy, load_replicated
 from trajlake.collect.templates import get_template
 from trajlake.errors import TrajlakeError
 from trajlake.schemas import Episode, Run, Task, Turn
@@ -140,8 +140,13 @@ class Rollout:
         self.template = get_template(config.template_name)
         factory = make_env_factory(config)
         self.probe_env = factory()
-        self.policy = policy or load_policy(config.policy, env=config.env, template=self.template, lake=lake,
-                                            tokenizer_path=config.tokenizer)
+        if policy is not None:
+            self.policy = policy
+        elif config.replicas > 1:
+            self.policy = load_replicated(config.policy, config.replicas, lake=lake)
+        else:
+            self.policy = load_policy(config.policy, env=config.env, template=self.template, lake=lake,
+                                      tokenizer_path=config.tokenizer)
         if self.policy.tokenizer is None:
             raise TrajlakeError(f"policy {config.policy} has no tokenizer: give --tokenizer PATH")
         self.renderer = ChatRenderer(self.policy.tokenizer)
@@ -216,8 +221,8 @@ class Rollout:
         bar = CollectProgress(len(pending), enabled=self.config.progress, run_id=self.run_id, retries=retries)
         live: dict[int, _Live] = {}
         free = deque(range(self.config.concurrency))
-        self.policy.reset_rng(self.config.seed)
         try:
+            self.policy.reset_rng(self.config.seed)  # in the try: a policy failing here fails the run too
             with bar:
                 while pending or live:
                     self._start(pending, free, live, bar)

@@ -107,7 +107,7 @@ def eval_run_id(config: EvalConfig, policy: str) -> str:
     """`eval-<env>-<split>-<hash>`: the same policy evaluated the same way gets the same run (and its
     stored episodes) back."""
     settings = {k: v for k, v in asdict(config).items() if k not in ("policies", "progress", "concurrency", "ks",
-                                                                     "confidence", "spec", "env_url")}
+                                                                     "confidence", "spec", "env_url", "replicas")}
     for name in _SINCE_IDS:  # at their defaults they change no episode: ids made before they existed still match
         if settings[name] == _ROLLOUT_DEFAULTS[name]:
             del settings[name]

@@ -384,13 +384,15 @@ class TrainConfig(RolloutConfig):
 FIELDS = {f.name for f in dataclasses.fields(TrainConfig)}
 # How a run is carried out, not what it trains: these may differ when a run id is restarted. iterations and
 # sft_steps extend (or end sooner) the same run; env_url says where the env server is now, not which env it
-# serves; concurrency is how many episodes play at once; micro_batch and grad_accum split a mini-batch over
-# forward passes and processes (the losses are aggregated over the whole mini-batch, so the update is the same);
+# serves; concurrency is how many episodes play at once, replicas on how many policy copies; micro_batch and
+# grad_accum split a mini-batch over forward passes and processes (the losses are aggregated over the whole
+# mini-batch, so the update is the same);
 # checkpoint_dir, save_optimizer and checkpoint_every say where and how often checkpoints are written (a restart
 # finds the last one through the store); log_every, eval_every and progress are what the run reports; run_id is
 # the key itself.
-RESUMABLE_FIELDS = ("run_id", "iterations", "sft_steps", "env_url", "concurrency", "micro_batch", "grad_accum",
-                    "checkpoint_dir", "save_optimizer", "checkpoint_every", "log_every", "eval_every", "progress")
+RESUMABLE_FIELDS = ("run_id", "iterations", "sft_steps", "env_url", "concurrency", "replicas", "micro_batch",
+                    "grad_accum", "checkpoint_dir", "save_optimizer", "checkpoint_every", "log_every", "eval_every",
+                    "progress")
 # What makes a train run the run it is: every other field (the starting model, the data and rollouts, the
 # reward spec, the algorithm and its hyper-parameters, seed, precision, ZeRO stage, the held-out evals). A
 # restart with any of them changed would continue one run's weights, optimizer state and train_steps under

@@ -62,6 +62,20 @@ def load_policy(spec: str, *, env: str, template: ActionTemplate, lake: Any = No
     return scheme.load(spec, arg, env=env, template=template, lake=lake, tokenizer=tokenizer)
 
 
+def load_replicated(spec: str, replicas: int, *, lake: Any = None) -> Policy:
+    """`replicas` copies of the model policy `spec` on Ray actors (collect/policies/replicas.py); `policy:ID`
+    and `run:ID` load the stored checkpoint, which the actors read from its folder."""
+    from trajlake.collect.policies.replicas import ReplicatedPolicy
+
+    spec = resolve_policy_spec(lake, spec)
+    name, _, arg = spec.partition(":")
+    if name == "policy":
+        return ReplicatedPolicy(f"hf:{checkpoint_of(lake, arg)}", replicas, policy_id=arg)
+    if name in ("hf", "vllm"):
+        POLICY_SCHEMES[name].check(spec, arg, "", lake)
+    return ReplicatedPolicy(spec, replicas)
+
+
 def check_policy_spec(spec: str, *, env: str, lake: Any = None, tokenizer_path: str | Path | None = None) -> None:
     """Raise, loading no model and writing nothing, when `load_policy` could not build `spec`: an unknown scheme,
     a model folder without config.json, a policy the store lacks, an expert of another env, a malformed openai
