@@ -103,3 +103,37 @@ def test_text_policies_are_refused(spec, message, tmp_path, model):
         with pytest.raises(TrajlakeError, match=message):
             collect(CollectConfig(policy=spec, tokenizer=str(model), run_id="x", replicas=2, **ROLLOUT), lake)
         assert lake.query("SELECT count(*) FROM runs").item() == 0
+
+
+@pytest.mark.slow  # Ray actors loading the model
+def test_train_rollouts_on_replicas_load_each_new_checkpoint(model, tmp_path):
+    """GRPO with replicas 2: the replicas start once and load every new checkpoint; each iteration's rollouts
+    are recorded as played by that iteration's policy, and the weights changed."""
+    from tests.helpers import small_cfg, varied_spec
+    from trajlake.train.loop import train
+
+    cfg = small_cfg(model, run_id="rep", tasks=2, samples=2, iterations=2, minibatch_size=4, micro_batch=2,
+                    replicas=2, reward_spec=varied_spec(tmp_path), checkpoint_dir=str(tmp_path / "ckpt"))
+    with Lake.open(str(tmp_path / "lake")) as lake:
+        res = train(cfg, lake)
+        assert res.step == 2
+        played = lake.query("SELECT run_id, policy_id, count(*) AS n FROM episodes GROUP BY ALL ORDER BY 1").rows()
+        assert played == [("rep/it-1", f"hf:{model}", 4), ("rep/it-2", "rep/step-1", 4)]
+        # the replicas sampled iteration 2 with step 1's weights: its stored log-probs are step 1's
+        row = lake.query("SELECT t.prompt_token_ids AS p, t.response_token_ids AS r, t.response_logprobs AS lp "
+                         "FROM turns t JOIN episodes e USING (episode_id) WHERE e.run_id = 'rep/it-2' "
+                         "ORDER BY e.episode_id LIMIT 1").row(0, named=True)
+        ckpt = lake.query("SELECT checkpoint_uri FROM policies WHERE policy_id = 'rep/step-1'").item()
+    import torch
+
+    from trajlake.lm.load import load_model
+
+    def logprobs(path):
+        ids = torch.tensor([list(row["p"]) + list(row["r"])])
+        with torch.no_grad():
+            logp = torch.log_softmax(load_model(path)(ids).logits[0].float(), -1)
+        n = len(row["p"])
+        return [logp[n + i - 1, t].item() for i, t in enumerate(row["r"])]
+
+    assert row["lp"] == pytest.approx(logprobs(ckpt), abs=1e-4)
+    assert row["lp"] != pytest.approx(logprobs(model), abs=1e-4), "the replicas still held the start weights"

@@ -82,6 +82,7 @@ class _Run:
 
         (self.run_id, self.start_path, self.start_pid, self.base, self.new_row, self.resume,
          self.stored) = on_main(self.main, resolve)
+        self.replicas = None  # with cfg.replicas > 1: the policy replicas the rollouts play on (rank 0)
         self.step = self.resume.step if self.resume else 0
         self.policy_id = self.resume.policy_id if self.resume else self.start_pid
         self.model_path = self.resume.checkpoint_uri if self.resume else self.start_path
@@ -144,6 +145,9 @@ class _Run:
                                 "metrics": C.clean_metrics(metrics)}) + "\n")
 
     def finish(self, status: str) -> None:
+        if self.replicas is not None:
+            self.replicas.close()
+            self.replicas = None
         if self.main:
             self.lake.update("runs", {"run_id": self.run_id}, {"status": status, "finished_at": utc_now()},
                              stage="train", run_id=self.run_id)
@@ -223,11 +227,24 @@ def _eval_config(r: _Run, policy_id: str, step: int):
     return eval_collect_config(ec, policy, f"{r.run_id}/eval-{step}", parent_run_id=r.run_id)
 
 
+def _replicas(r: _Run, policy_id: str, path: str):
+    """With `replicas` > 1: the run's policy replicas (Ray actors, started once), holding checkpoint `path`."""
+    from trajlake.collect.policies.replicas import ReplicatedPolicy
+
+    if r.replicas is None:
+        r.replicas = ReplicatedPolicy(f"hf:{path}", r.cfg.replicas, policy_id=policy_id)
+    elif r.replicas.loaded != path:
+        r.replicas.reload(path)  # new weights into the running replicas, no restart
+    r.replicas.policy_id, r.replicas.loaded = policy_id, path
+    return r.replicas
+
+
 def _collect(r: _Run, engines: E.Engines, policy_id: str, path: str, cc) -> str:
-    """Rank 0 plays the collect run `cc` with the actor into the store; returns its run id."""
+    """Rank 0 plays the collect run `cc` with the actor (or its replicas) into the store; returns its run id."""
     from trajlake.collect.rollout import EnvErrorsOnly, collect
 
-    policy = _in_memory_policy(engines, policy_id, path)
+    replicated = r.cfg.replicas > 1
+    policy = _replicas(r, policy_id, path) if replicated else _in_memory_policy(engines, policy_id, path)
     engines.actor.eval()
     try:
         return collect(cc, r.lake, policy=policy)
@@ -235,7 +252,7 @@ def _collect(r: _Run, engines: E.Engines, policy_id: str, path: str, cc) -> str:
         raise TrajlakeError(f"train run {r.run_id}: collect run {cc.run_id} failed: {e.what}; re-run the train run "
                             f"(--run-id {r.run_id}) once the env works") from None
     finally:
-        if policy is not None:
+        if policy is not None and not replicated:
             policy.close()
 
 

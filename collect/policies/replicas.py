@@ -66,13 +66,14 @@ class _Replica:
         self.policy.end_episode(key)
 
     def reload(self, path: str) -> None:
-        """New weights from a checkpoint folder (the train loop, after an update)."""
+        """New weights from a checkpoint folder (the train loop, after an update), in the running actor: vLLM
+        loads them into its engine; a transformers policy is rebuilt on them (its caches hold the old ones)."""
         from trajlake.collect.policies.hf import HFPolicy
-        from trajlake.lm.load import load_model
 
         if isinstance(self.policy, HFPolicy):
-            self.policy.clear_cache()
-            self.policy.model = load_model(path, device=self.policy.device)
+            policy_id = self.policy.policy_id
+            self.policy.close()
+            self.policy = HFPolicy(path, policy_id=policy_id)
         else:
             self.policy.reload_weights(path)
 
@@ -107,6 +108,7 @@ class ReplicatedPolicy(Policy):
         self.home: dict[str, int] = {}  # episode key -> its replica
         self.ray.get([a.pid.remote() for a in self.actors])  # fail here, not mid-run, if a replica cannot load
         self.retried = 0  # requests sent again after their replica died
+        self.loaded = self.model_path  # the checkpoint the replicas hold
 
     def _load(self, i: int) -> int:
         return sum(1 for r in self.home.values() if r == i)
