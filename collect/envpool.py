@@ -94,12 +94,9 @@ class RayEnvPool(EnvPool):
     """Envs on `workers` Ray actors (slot i on actor i % workers), stepped concurrently."""
 
     def __init__(self, factory: Callable[[], Any], workers: int):
-        import ray
+        from trajlake.collect.ray_init import ensure_ray
 
-        if not ray.is_initialized():
-            ray.init(num_cpus=workers, include_dashboard=False, log_to_driver=False, ignore_reinit_error=True,
-                     configure_logging=False)
-        self.ray = ray
+        self.ray = ray = ensure_ray(workers)
         actor = ray.remote(num_cpus=0)(_EnvHost)
         self.actors = [actor.remote(factory) for _ in range(workers)]
 

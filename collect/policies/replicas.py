@@ -19,24 +19,11 @@ import os
 from typing import Any
 
 from trajlake.collect.policies.base import Generation, Policy, Request, SamplingParams
+from trajlake.collect.ray_init import ensure_ray
 from trajlake.errors import TrajlakeError
 
 #: the schemes a replica can load: a local checkpoint, by transformers or vLLM
 REPLICABLE = ("hf", "vllm")
-
-
-def ensure_ray(num_cpus: int) -> Any:
-    """Ray, started here with `num_cpus` CPUs unless already started, or connected to the cluster RAY_ADDRESS
-    names."""
-    import ray
-
-    if not ray.is_initialized():
-        if os.environ.get("RAY_ADDRESS"):
-            ray.init(include_dashboard=False, log_to_driver=False, configure_logging=False)
-        else:
-            ray.init(num_cpus=num_cpus, include_dashboard=False, log_to_driver=False, ignore_reinit_error=True,
-                     configure_logging=False)
-    return ray
 
 
 class _Replica:
@@ -172,4 +159,4 @@ class ReplicatedPolicy(Policy):
         self.alive = []
 
 
-__all__ = ["ReplicatedPolicy", "ensure_ray", "REPLICABLE"]
+__all__ = ["ReplicatedPolicy", "REPLICABLE"]
