@@ -21,6 +21,7 @@ from trajlake.collect.config import RolloutConfig
 from trajlake.errors import TrajlakeError
 from trajlake.train.algos import ADVANTAGES, AGG_MODES, KL_CONTROLLERS, KL_ESTIMATORS, POLICY_LOSSES, VALUE_LOSSES
 from trajlake.train.algos.turns import TURN_BASELINES
+from trajlake.train.trackers import TRACKERS
 
 ALGOS = ("grpo", "ppo", "sft")
 DTYPES = ("fp32", "bf16")
@@ -211,6 +212,9 @@ class TrainConfig(RolloutConfig):
     """SFT: record a train_steps row every N steps."""
     progress: bool = True
     """Show a progress bar with the main metrics."""
+    report_to: tuple[str, ...] = ()
+    """Experiment trackers every train_steps row also goes to, under the peers' metric names (train/trackers.py):
+    tensorboard (`<checkpoint_dir>/<run_id>/tensorboard`), wandb (online when logged in, else offline)."""
 
     def __post_init__(self):
         super().__post_init__()  # types first, then RolloutConfig's checks
@@ -266,6 +270,9 @@ class TrainConfig(RolloutConfig):
             (self.algo != "sft" or bool(self.sft_filter.strip()),
              "algo sft needs sft_filter (SQL over episodes, e.g. \"success AND policy_id LIKE 'scripted:%'\")"),
             (0 <= self.gamma <= 1 and 0 <= self.lam <= 1, "gamma and lam must be in [0, 1]"),
+            (all(t in TRACKERS for t in self.report_to),
+             f"unknown report_to {[t for t in self.report_to if t not in TRACKERS]}; valid: "
+             f"{', '.join(TRACKERS.names())}"),
         ]
         for ok, message in checks:
             if not ok:
@@ -388,11 +395,12 @@ FIELDS = {f.name for f in dataclasses.fields(TrainConfig)}
 # grad_accum split a mini-batch over forward passes and processes (the losses are aggregated over the whole
 # mini-batch, so the update is the same);
 # checkpoint_dir, save_optimizer and checkpoint_every say where and how often checkpoints are written (a restart
-# finds the last one through the store); log_every, eval_every and progress are what the run reports; run_id is
+# finds the last one through the store); log_every, eval_every, progress and report_to are what the run reports
+# and where; run_id is
 # the key itself.
 RESUMABLE_FIELDS = ("run_id", "iterations", "sft_steps", "env_url", "concurrency", "replicas", "micro_batch",
                     "grad_accum", "checkpoint_dir", "save_optimizer", "checkpoint_every", "log_every", "eval_every",
-                    "progress")
+                    "progress", "report_to")
 # What makes a train run the run it is: every other field (the starting model, the data and rollouts, the
 # reward spec, the algorithm and its hyper-parameters, seed, precision, ZeRO stage, the held-out evals). A
 # restart with any of them changed would continue one run's weights, optimizer state and train_steps under

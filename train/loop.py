@@ -83,6 +83,7 @@ class _Run:
         (self.run_id, self.start_path, self.start_pid, self.base, self.new_row, self.resume,
          self.stored) = on_main(self.main, resolve)
         self.replicas = None  # with cfg.replicas > 1: the policy replicas the rollouts play on (rank 0)
+        self.trackers = None  # report_to's trackers (rank 0, from start())
         self.step = self.resume.step if self.resume else 0
         self.policy_id = self.resume.policy_id if self.resume else self.start_pid
         self.model_path = self.resume.checkpoint_uri if self.resume else self.start_path
@@ -93,9 +94,13 @@ class _Run:
         the config (e.g. the snapshot stored rollouts are read at)."""
         if not self.main:
             return
+        from trajlake.train.trackers import Trackers
+
         config = {**self.cfg.to_dict(), "start_policy": self.start_pid, **resolved}  # what `model` resolved to
         if self.spec_id:
             config["reward_spec_id"] = self.spec_id  # what `reward_spec` held
+        # before the first write: a tracker that cannot start (not installed) leaves the lake as it was
+        self.trackers = Trackers(self.cfg.report_to, self.metrics_log.parent, self.run_id, config)
         rows: dict[str, list] = {}
         if self.stored is None:
             rows["runs"] = [Run(self.run_id, "train", config=config, status="running", started_at=utc_now())]
@@ -139,12 +144,15 @@ class _Run:
         `metrics_log`."""
         C.commit(self.lake, run_id=self.run_id, step=step, metrics=metrics, snapshot_read=snapshot_read,
                  policy=policy, spec_id=spec_id, episode_ids=episode_ids)
+        self.trackers.log(step, metrics)
         self.metrics_log.parent.mkdir(parents=True, exist_ok=True)
         with open(self.metrics_log, "a") as f:
             f.write(json.dumps({"run_id": self.run_id, "step": step, "policy_id": policy.policy_id if policy else None,
                                 "metrics": C.clean_metrics(metrics)}) + "\n")
 
     def finish(self, status: str) -> None:
+        if self.trackers is not None:
+            self.trackers.close()
         if self.replicas is not None:
             self.replicas.close()
             self.replicas = None
