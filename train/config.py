@@ -25,6 +25,8 @@ from trajlake.train.trackers import TRACKERS
 
 ALGOS = ("grpo", "ppo", "sft")
 DTYPES = ("fp32", "bf16")
+#: rollout_engine -> the policy scheme its replicas load
+ROLLOUT_ENGINES = {"transformers": "hf", "vllm": "vllm"}
 OLD_LOGPROBS = ("recompute", "behaviour")
 KL_MODES = ("loss", "reward")
 #: advantage estimator used when `advantage` is not given
@@ -212,6 +214,10 @@ class TrainConfig(RolloutConfig):
     """SFT: record a train_steps row every N steps."""
     progress: bool = True
     """Show a progress bar with the main metrics."""
+    rollout_engine: str = "transformers"
+    """What plays the rollouts and held-out evals: `transformers` (the actor itself, in this process: the CPU
+    default) or `vllm` (a vLLM engine started once, each new checkpoint loaded into it without a restart;
+    `make setup-vllm` on a CPU). With replicas > 1, each replica runs this engine."""
     report_to: tuple[str, ...] = ()
     """Experiment trackers every train_steps row also goes to, under the peers' metric names (train/trackers.py):
     tensorboard (`<checkpoint_dir>/<run_id>/tensorboard`), wandb (online when logged in, else offline)."""
@@ -270,6 +276,8 @@ class TrainConfig(RolloutConfig):
             (self.algo != "sft" or bool(self.sft_filter.strip()),
              "algo sft needs sft_filter (SQL over episodes, e.g. \"success AND policy_id LIKE 'scripted:%'\")"),
             (0 <= self.gamma <= 1 and 0 <= self.lam <= 1, "gamma and lam must be in [0, 1]"),
+            (self.rollout_engine in ROLLOUT_ENGINES,
+             f"unknown rollout_engine {self.rollout_engine!r}; valid: {', '.join(ROLLOUT_ENGINES)}"),
             (all(t in TRACKERS for t in self.report_to),
              f"unknown report_to {[t for t in self.report_to if t not in TRACKERS]}; valid: "
              f"{', '.join(TRACKERS.names())}"),
@@ -391,16 +399,16 @@ class TrainConfig(RolloutConfig):
 FIELDS = {f.name for f in dataclasses.fields(TrainConfig)}
 # How a run is carried out, not what it trains: these may differ when a run id is restarted. iterations and
 # sft_steps extend (or end sooner) the same run; env_url says where the env server is now, not which env it
-# serves; concurrency is how many episodes play at once, replicas on how many policy copies; micro_batch and
+# serves; concurrency is how many episodes play at once, replicas on how many policy copies, rollout_engine
+# with what (a restart may move to a machine with vLLM); micro_batch and
 # grad_accum split a mini-batch over forward passes and processes (the losses are aggregated over the whole
 # mini-batch, so the update is the same);
 # checkpoint_dir, save_optimizer and checkpoint_every say where and how often checkpoints are written (a restart
 # finds the last one through the store); log_every, eval_every, progress and report_to are what the run reports
-# and where; run_id is
-# the key itself.
-RESUMABLE_FIELDS = ("run_id", "iterations", "sft_steps", "env_url", "concurrency", "replicas", "micro_batch",
-                    "grad_accum", "checkpoint_dir", "save_optimizer", "checkpoint_every", "log_every", "eval_every",
-                    "progress", "report_to")
+# and where; run_id is the key itself.
+RESUMABLE_FIELDS = ("run_id", "iterations", "sft_steps", "env_url", "concurrency", "replicas", "rollout_engine",
+                    "micro_batch", "grad_accum", "checkpoint_dir", "save_optimizer", "checkpoint_every", "log_every",
+                    "eval_every", "progress", "report_to")
 # What makes a train run the run it is: every other field (the starting model, the data and rollouts, the
 # reward spec, the algorithm and its hyper-parameters, seed, precision, ZeRO stage, the held-out evals). A
 # restart with any of them changed would continue one run's weights, optimizer state and train_steps under

@@ -82,7 +82,8 @@ class _Run:
 
         (self.run_id, self.start_path, self.start_pid, self.base, self.new_row, self.resume,
          self.stored) = on_main(self.main, resolve)
-        self.replicas = None  # with cfg.replicas > 1: the policy replicas the rollouts play on (rank 0)
+        self.rollout = None  # replicas > 1 or rollout_engine vllm: what the rollouts play on (rank 0)
+        self.rollout_loaded: str | None = None  # the checkpoint it holds
         self.trackers = None  # report_to's trackers (rank 0, from start())
         self.step = self.resume.step if self.resume else 0
         self.policy_id = self.resume.policy_id if self.resume else self.start_pid
@@ -153,9 +154,9 @@ class _Run:
     def finish(self, status: str) -> None:
         if self.trackers is not None:
             self.trackers.close()
-        if self.replicas is not None:
-            self.replicas.close()
-            self.replicas = None
+        if self.rollout is not None:
+            self.rollout.close()
+            self.rollout = None
         if self.main:
             self.lake.update("runs", {"run_id": self.run_id}, {"status": status, "finished_at": utc_now()},
                              stage="train", run_id=self.run_id)
@@ -235,24 +236,33 @@ def _eval_config(r: _Run, policy_id: str, step: int):
     return eval_collect_config(ec, policy, f"{r.run_id}/eval-{step}", parent_run_id=r.run_id)
 
 
-def _replicas(r: _Run, policy_id: str, path: str):
-    """With `replicas` > 1: the run's policy replicas (Ray actors, started once), holding checkpoint `path`."""
-    from trajlake.collect.policies.replicas import ReplicatedPolicy
+def _engine_policy(r: _Run, policy_id: str, path: str):
+    """The run's rollout policy when it is not the actor itself (replicas > 1, or rollout_engine vllm): started
+    once, then each new checkpoint `path` loaded into it without a restart."""
+    from trajlake.train.config import ROLLOUT_ENGINES
 
-    if r.replicas is None:
-        r.replicas = ReplicatedPolicy(f"hf:{path}", r.cfg.replicas, policy_id=policy_id)
-    elif r.replicas.loaded != path:
-        r.replicas.reload(path)  # new weights into the running replicas, no restart
-    r.replicas.policy_id, r.replicas.loaded = policy_id, path
-    return r.replicas
+    c = r.cfg
+    if r.rollout is None:
+        if c.replicas > 1:
+            from trajlake.collect.policies.replicas import ReplicatedPolicy
+
+            r.rollout = ReplicatedPolicy(f"{ROLLOUT_ENGINES[c.rollout_engine]}:{path}", c.replicas, policy_id=policy_id)
+        else:
+            from trajlake.collect.policies.vllm import VLLMPolicy
+
+            r.rollout = VLLMPolicy(path, policy_id=policy_id)
+    elif r.rollout_loaded != path:
+        r.rollout.reload(path)
+    r.rollout.policy_id, r.rollout_loaded = policy_id, path
+    return r.rollout
 
 
 def _collect(r: _Run, engines: E.Engines, policy_id: str, path: str, cc) -> str:
     """Rank 0 plays the collect run `cc` with the actor (or its replicas) into the store; returns its run id."""
     from trajlake.collect.rollout import EnvErrorsOnly, collect
 
-    replicated = r.cfg.replicas > 1
-    policy = _replicas(r, policy_id, path) if replicated else _in_memory_policy(engines, policy_id, path)
+    separate = r.cfg.replicas > 1 or r.cfg.rollout_engine != "transformers"
+    policy = _engine_policy(r, policy_id, path) if separate else _in_memory_policy(engines, policy_id, path)
     engines.actor.eval()
     try:
         return collect(cc, r.lake, policy=policy)
@@ -260,7 +270,7 @@ def _collect(r: _Run, engines: E.Engines, policy_id: str, path: str, cc) -> str:
         raise TrajlakeError(f"train run {r.run_id}: collect run {cc.run_id} failed: {e.what}; re-run the train run "
                             f"(--run-id {r.run_id}) once the env works") from None
     finally:
-        if policy is not None and not replicated:
+        if policy is not None and not separate:
             policy.close()
 
 

@@ -51,13 +51,13 @@ from trajlake.lm.prefix import MIN_SHARED_PREFIX, cache_unsupported, common_pref
 DEFAULT_CACHE_BYTES = 2 << 30
 
 
-def stop_ids(tokenizer, model) -> list[int]:
-    """Token ids that end a reply: the tokenizer's eos and the chat template's end-of-turn tokens."""
+def stop_ids(tokenizer, eos: int | list[int] | None) -> list[int]:
+    """Token ids that end a reply: the tokenizer's eos, the chat template's end-of-turn tokens and the model's
+    generation config's `eos` (an id, a list, or None)."""
     ids = set()
     for tok in (tokenizer.eos_token, "<|im_end|>", "<|eot_id|>", "<end_of_turn>", "<|end|>"):
         if tok and tok in tokenizer.get_vocab():
             ids.add(tokenizer.convert_tokens_to_ids(tok))
-    eos = model.generation_config.eos_token_id
     ids.update(eos if isinstance(eos, list) else [eos] if eos is not None else [])
     return sorted(ids)
 
@@ -77,7 +77,7 @@ class HFPolicy(Policy):
         self.device = device
         self.max_batch = max_batch
         self.policy_id = policy_id or f"hf:{self.model_path}"
-        self.stop = stop_ids(tokenizer, model)
+        self.stop = stop_ids(tokenizer, model.generation_config.eos_token_id)
         self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else self.stop[0]
         #: why the cached decoder is not used (None: it is)
         self.cache_off: str | None = None if prefix_cache else "prefix_cache=False"

@@ -62,7 +62,7 @@ class _Replica:
             self.policy.close()
             self.policy = HFPolicy(path, policy_id=policy_id)
         else:
-            self.policy.reload_weights(path)
+            self.policy.reload(path)
 
     def pid(self) -> int:
         return os.getpid()
@@ -95,7 +95,6 @@ class ReplicatedPolicy(Policy):
         self.home: dict[str, int] = {}  # episode key -> its replica
         self.ray.get([a.pid.remote() for a in self.actors])  # fail here, not mid-run, if a replica cannot load
         self.retried = 0  # requests sent again after their replica died
-        self.loaded = self.model_path  # the checkpoint the replicas hold
 
     def _load(self, i: int) -> int:
         return sum(1 for r in self.home.values() if r == i)
