@@ -9,7 +9,12 @@ in a temp dir, in this one process:
 
 * batched: `--concurrency` live episodes; each turn their prompts go to the model in one generate call;
 * sequential (the baseline, OpenManus-RL's seed loop): concurrency 1, i.e. one generate call per episode
-  per turn, one sequence at a time.
+  per turn, one sequence at a time;
+* vllm (with --vllm, in .venv-vllm): the same loop with the `vllm:` policy at `--concurrency`, its engine
+  started once before the timing (the startup is printed apart).
+
+The realistic case: `.venv-vllm/bin/python bench/collect.py --model models/smollm2 --vllm --threads 0` (make
+setup-vllm and make setup-smollm2 first): SmolLM2-135M-Instruct on multi-turn guess episodes.
 
 Timed: the whole `collect` call (env steps, tokenizing, generation, store writes). Reported per side:
 episodes, turns, generated tokens, new prompt tokens, fed tokens (the context the model read: every turn
@@ -43,7 +48,11 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--threads", type=int, default=1,
                    help="torch CPU threads (0: torch's default); 1 is fastest for the tiny model on a busy machine")
     p.add_argument("--model", default=None, help="model folder (default: build the tiny model in the temp dir)")
-    p.add_argument("--only", choices=("batched", "sequential", "seq+cache"), default=None, help="run one side only")
+    p.add_argument("--only", choices=("batched", "sequential", "seq+cache", "vllm"), default=None,
+                   help="run one side only")
+    p.add_argument("--vllm", action="store_true",
+                   help="add a vLLM side at --concurrency (run with .venv-vllm/bin/python after make setup-vllm); its "
+                        "engine starts once, untimed, and its startup is reported apart")
     p.add_argument("--rounds", type=int, default=1,
                    help="run the sides this many times (order alternating) and report each round's ratio and the "
                         "median: one round's ratio swings with the machine's load")
@@ -56,14 +65,14 @@ def parse_args(argv=None) -> argparse.Namespace:
 
 
 def run_side(name: str, args, model_dir: str, model, tokenizer, lake_dir: Path, concurrency: int,
-             prefix_cache: bool = True) -> dict:
+             prefix_cache: bool = True, engine=None) -> dict:
     from trajlake.collect.config import CollectConfig
     from trajlake.collect.policies.hf import HFPolicy
     from trajlake.collect.rollout import collect
     from trajlake.store import Lake
 
     # same weights, fresh sampler seed; the seed's loop re-encodes the whole history every turn (no cache)
-    policy = HFPolicy(model_dir, model=model, tokenizer=tokenizer, prefix_cache=prefix_cache)
+    policy = engine or HFPolicy(model_dir, model=model, tokenizer=tokenizer, prefix_cache=prefix_cache)
     calls, gen_seconds = [0], [0.0]
     generate = policy.generate
 
@@ -75,7 +84,7 @@ def run_side(name: str, args, model_dir: str, model, tokenizer, lake_dir: Path, 
             calls[0] += 1
             gen_seconds[0] += time.perf_counter() - t0
 
-    policy.generate = timed_generate
+    policy.generate = timed_generate  # an instance attribute: a shared engine gets its own method back below
     config = CollectConfig(
         env=args.env, policy=f"hf:{model_dir}", tasks=args.episodes, samples=1, difficulty=args.difficulty,
         max_turns=args.max_turns, max_new_tokens=args.max_new_tokens, temperature=args.temperature,
@@ -85,6 +94,8 @@ def run_side(name: str, args, model_dir: str, model, tokenizer, lake_dir: Path, 
         t0 = time.perf_counter()
         run_id = collect(config, lake, policy=policy)
         seconds = time.perf_counter() - t0
+        if engine is not None:
+            del policy.generate
         row = lake.query(
             "SELECT count(*) AS episodes, sum(num_turns)::BIGINT AS turns, "
             "sum(num_agent_tokens)::BIGINT AS tokens, list(DISTINCT status ORDER BY status) AS statuses, "
@@ -125,11 +136,21 @@ def main(argv=None) -> int:
         # sequential = the baseline, the seed's way (one sequence at a time, full history re-encoded each
         # turn); seq+cache = one at a time with trajlake's prefix cache, to show what batching alone gives
         sides = [("batched", args.concurrency, True), ("sequential", 1, False), ("seq+cache", 1, True)]
+        engines = {}
+        if args.vllm or args.only == "vllm":
+            from trajlake.collect.policies.vllm import VLLMPolicy
+
+            t0 = time.perf_counter()
+            engines["vllm"] = VLLMPolicy(model_dir)
+            vllm_startup = time.perf_counter() - t0
+            run_side("warmup", warm, model_dir, model, tokenizer, tmp / "lake-warmup-vllm", 2, engine=engines["vllm"])
+            sides.append(("vllm", args.concurrency, True))
         sides = [side for side in sides if args.only in (None, side[0])]
         rounds = []
         for r in range(args.rounds):  # odd rounds run the sides in reverse: neither always goes first
             order = sides if r % 2 == 0 else sides[::-1]
-            done = {name: run_side(name, args, model_dir, model, tokenizer, tmp / f"lake-{name}-{r}", c, cache)
+            done = {name: run_side(name, args, model_dir, model, tokenizer, tmp / f"lake-{name}-{r}", c, cache,
+                                   engine=engines.get(name))
                     for name, c, cache in order}
             rounds.append([done[name] for name, _, _ in sides])
 
@@ -165,6 +186,14 @@ def main(argv=None) -> int:
             alone.append((b["episodes"] / b["seconds"]) / (c["episodes"] / c["seconds"]))
             print(f"round {i}: batching alone (batched vs seq+cache, both with the prefix cache): "
                   f"{alone[-1]:.1f}x episodes/s")
+        v = next((r for r in results if r["side"] == "vllm"), None)
+        if v is not None and v is not b:
+            print(f"round {i}: vllm (concurrency {v['concurrency']}) over sequential: "
+                  f"{(v['generated_tokens'] / v['seconds']) / (s['generated_tokens'] / s['seconds']):.1f}x generated "
+                  f"tokens/s; over batched transformers: "
+                  f"{(v['generated_tokens'] / v['seconds']) / (b['generated_tokens'] / b['seconds']):.2f}x")
+    if engines:
+        print(f"vllm engine startup (untimed above): {vllm_startup:.0f} s")
     if len(ratios) > 1:
         print(f"speed-up over {len(ratios)} rounds: median {statistics.median(ratios):.1f}x, "
               f"min {min(ratios):.1f}x, max {max(ratios):.1f}x"
