@@ -159,3 +159,20 @@ def test_grpo_rollouts_on_vllm_load_each_checkpoint_and_match_the_trainer(tmp_pa
         stored, again = recomputed(lake.query("SELECT checkpoint_uri FROM policies WHERE policy_id = 'v/step-1'")
                                    .item(), lake, "v/it-2", 1.0)
         assert torch.allclose(stored, again, atol=TOLERANCE, rtol=0), "iteration 2 was not sampled with step 1"
+
+
+def test_two_vllm_replicas_on_ray(taught, tmp_path):
+    """collect --replicas 2 with a vllm: policy: two engines in two Ray actors, the episodes spread over them;
+    their log-probs are the trainer's, as from one engine."""
+    import ray
+
+    try:
+        with Lake.open(str(tmp_path / "lake")) as lake:
+            run = collect(CollectConfig(env="guess", policy=f"vllm:{taught}", tasks=4, samples=1, max_turns=2,
+                                        max_new_tokens=16, temperature=1.0, replicas=2, progress=False, run_id="r"),
+                          lake)
+            assert lake.query("SELECT count(*) FROM episodes WHERE run_id = 'r'").item() == 4
+            stored, again = recomputed(taught, lake, run, 1.0)
+            assert torch.allclose(stored, again, atol=TOLERANCE, rtol=0)
+    finally:
+        ray.shutdown()
