@@ -99,13 +99,32 @@ def tables() -> None:
 
 @app.command()
 def export(
-    path: Path = typer.Argument(..., help="Parquet file to write."),
-    query: str = typer.Option(..., "--query", "-q", help="SQL whose result is exported."),
+    path: Path = typer.Argument(..., help="Parquet file to write (--query), or a new folder (--dataset)."),
+    query: Optional[str] = typer.Option(None, "--query", "-q", help="SQL whose result is exported."),
+    dataset: bool = typer.Option(False, "--dataset", help="Export episodes as a Hugging Face datasets dataset "
+                                 "(messages, conversations, token ids, masks, log-probs, rewards, turns)."),
+    where: str = typer.Option("true", "--where", help="With --dataset: SQL over episodes columns."),
+    spec: Optional[Path] = typer.Option(None, "--spec", help="With --dataset: a reward spec for the reward and "
+                                        "token_rewards columns (scored first where not yet)."),
     snapshot: Optional[int] = typer.Option(None, "--snapshot", "-s"),
 ) -> None:
-    """Export a read-only query's result to a parquet file."""
-    with open_lake(read_only=True) as lake:
-        display.emit(lake.query(query, snapshot=snapshot), display.Format.parquet, path)
+    """Export a read-only query's result to a parquet file, or episodes as a datasets dataset
+    (datasets.load_from_disk(PATH), or PATH/episodes.parquet) that `trajlake import dataset` reads back."""
+    if dataset == (query is not None):
+        raise typer.BadParameter("give --query SQL (a parquet file) or --dataset (a datasets folder), not both")
+    if not dataset:
+        if where != "true" or spec is not None:
+            raise typer.BadParameter("--where and --spec go with --dataset")
+        with open_lake(read_only=True) as lake:
+            display.emit(lake.query(query, snapshot=snapshot), display.Format.parquet, path)
+        return
+    from trajlake.rewards import load_spec
+    from trajlake.store.hf_dataset import export_dataset
+
+    loaded = load_spec(spec) if spec else None
+    with open_lake(read_only=spec is None) as lake:  # scoring with a spec writes its rewards first
+        n = export_dataset(lake, path, where, spec=loaded, snapshot=snapshot)
+    display.console.print(f"{n} episodes exported to {path} (datasets.load_from_disk, or {path}/episodes.parquet)")
 
 
 @app.command()
@@ -348,6 +367,19 @@ def import_agentgym(
     with open_lake() as lake:
         result = run_import(lake, paths, tokenizer, run_id=run_id, env=env, split=split)
     display.console.print(str(result))
+
+
+@import_app.command("dataset")
+def import_dataset(
+    path: Path = typer.Argument(..., help="A folder `trajlake export --dataset` wrote (or its parquet files)."),
+) -> None:
+    """Store the episodes of an exported datasets dataset (with their turns, runs and tasks); those already
+    stored are skipped."""
+    from trajlake.store.hf_dataset import import_dataset as run_import
+
+    with open_lake() as lake:
+        got = run_import(lake, path)
+    display.console.print(", ".join(f"{k}: {v}" for k, v in got.items()))
 
 
 @model_app.command("tiny")

@@ -27,7 +27,10 @@ CASES = [
     (["--lake", "{tmp}/none", "snapshots"], 1, "no lake at"),
     # usage
     (["nosuch"], 2, "No such command 'nosuch'"),
-    (["--lake", "{lake}", "export", "{tmp}/x.parquet"], 2, "Missing option '--query'"),
+    (["--lake", "{lake}", "export", "{tmp}/x.parquet"], 2, "give --query SQL (a parquet file) or --dataset"),
+    (["--lake", "{lake}", "export", "{tmp}/x", "--dataset", "--query", "SELECT 1"], 2, "not both"),
+    (["--lake", "{lake}", "export", "{tmp}/x.parquet", "--query", "SELECT 1", "--where", "success"], 2,
+     "--where and --spec go with --dataset"),
     (["--lake", "{lake}", "collect", "--env", "doors"], 2, "Missing option '--policy'"),
     (["--lake", "{lake}", "collect", "--env", "doors", "--policy", "x", "--tasks", "many"], 2,
      "Invalid value for '--tasks'"),

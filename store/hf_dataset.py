@@ -1,0 +1,191 @@
+"""Episodes as a Hugging Face `datasets` dataset (`trajlake export DIR --dataset`), and back into a lake
+(`trajlake import dataset DIR`).
+
+One row per episode, in the formats the peers read:
+
+- `messages`: the conversation as TRL's conversational datasets hold it, `{role, content}` (the run's system
+  prompt, then each turn's observation as `user` and reply as `assistant`);
+- `conversations`: the same as AgentGym's and OpenManus-RL's files, `{from, value, loss}` (human / gpt, `loss`
+  true on the agent's replies), which `trajlake import agentgym` reads too;
+- `input_ids`, `loss_mask`, `behaviour_logprobs`: the exact token sequence the model saw and sampled (prompt
+  and reply ids of every turn, concatenated), 1 on agent tokens, the sampled tokens' log-probs (None
+  elsewhere and for text policies);
+- with a reward spec: `spec_id`, `reward` (the episode's total) and `token_rewards` (the allocation, one
+  value per token of `input_ids`);
+- every column of the episode, its run (`run_kind`, `run_config`), its task (`task_*`) and, in `turns`, every
+  stored turn (JSON columns as JSON text): what `import` needs to store the same episodes again.
+
+The folder holds the dataset as `save_to_disk` writes it (`datasets.load_from_disk(DIR)`) and the same rows as
+`DIR/episodes.parquet` (`datasets.load_dataset("parquet", data_files=...)`, polars, DuckDB).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+
+from trajlake.errors import TrajlakeError
+
+PARQUET = "episodes.parquet"
+TURN_FIELDS = ("turn", "observation", "action_text", "action", "format_ok", "step_reward", "done", "info",
+               "prompt_token_ids", "response_token_ids", "response_logprobs", "latency_ms")
+EPISODE_FIELDS = ("episode_id", "run_id", "policy_id", "task_id", "env", "group_id", "sample_index", "status",
+                  "success", "env_reward", "num_turns", "num_agent_tokens", "error", "started_at", "finished_at")
+TASK_FIELDS = ("split", "instruction", "seed", "ground_truth", "meta")
+
+EPISODES_SQL = """
+SELECT {episode}, r.kind AS run_kind, r.config::VARCHAR AS run_config, r.parent_run_id AS run_parent_id,
+       t.env AS task_env, {task},
+       (SELECT list({{{turn}}} ORDER BY u.turn) FROM turns u WHERE u.episode_id = e.episode_id) AS turns
+FROM episodes e LEFT JOIN runs r USING (run_id) LEFT JOIN tasks t USING (task_id)
+WHERE ({where}) ORDER BY e.episode_id
+"""
+
+REWARDS_SQL = """
+SELECT r.episode_id, r.total, list({{'position': k.position, 'reward': k.reward}}) AS tokens
+FROM episode_rewards r LEFT JOIN token_rewards k USING (spec_id, episode_id)
+WHERE r.spec_id = ? AND r.episode_id IN (SELECT episode_id FROM episodes WHERE ({where}))
+GROUP BY r.episode_id, r.total
+"""
+
+
+def _json_text(column: str) -> str:
+    return f"{column}::VARCHAR"
+
+
+def _select_sql(where: str) -> str:
+    episode = ", ".join(f"e.{c}" for c in EPISODE_FIELDS)
+    task = ", ".join(f"{_json_text('t.' + c) if c in ('ground_truth', 'meta') else 't.' + c} AS task_{c}"
+                     for c in TASK_FIELDS)
+    turn = ", ".join(f"'{c}': {_json_text('u.' + c) if c == 'info' else 'u.' + c}" for c in TURN_FIELDS)
+    return EPISODES_SQL.format(episode=episode, task=task, turn=turn, where=where)
+
+
+def _conversation(system: str | None, turns: list[dict]) -> tuple[list[dict], list[dict]]:
+    messages = [{"role": "system", "content": system}] if system else []
+    conversations = [{"from": "system", "value": system, "loss": False}] if system else []
+    for t in turns:
+        messages += [{"role": "user", "content": t["observation"] or ""},
+                     {"role": "assistant", "content": t["action_text"] or ""}]
+        conversations += [{"from": "human", "value": t["observation"] or "", "loss": False},
+                          {"from": "gpt", "value": t["action_text"] or "", "loss": True}]
+    return messages, conversations
+
+
+def episode_rows(lake, where: str = "true", *, spec=None, snapshot: int | None = None) -> list[dict[str, Any]]:
+    """The dataset's rows for the episodes `where` selects (SQL over episodes columns) at `snapshot`; with a
+    reward spec (a loaded RewardSpec), its rewards, scored first where they are not yet."""
+    from trajlake.train.batch import check_episode_filter
+
+    check_episode_filter(lake, where, field="--where", snapshot=snapshot)
+    rewards: dict[str, dict] = {}
+    if spec is not None:
+        from trajlake.rewards.score import score
+
+        if snapshot is None:
+            score(lake, spec, where=where)  # what is scored already is skipped
+        rewards = {r["episode_id"]: r for r in lake.query(REWARDS_SQL.format(where=where), [spec.spec_id],
+                                                            snapshot=snapshot, output="arrow").to_pylist()}
+    rows = []
+    for r in lake.query(_select_sql(where), snapshot=snapshot, output="arrow").to_pylist():
+        turns = r["turns"] or []
+        system = json.loads(r["run_config"]).get("system_prompt") if r["run_config"] else None
+        r["messages"], r["conversations"] = _conversation(system, turns)
+        ids, mask, logprobs = [], [], []
+        for t in turns:
+            p, a = list(t["prompt_token_ids"] or ()), list(t["response_token_ids"] or ())
+            lp = t["response_logprobs"]
+            ids += p + a
+            mask += [0] * len(p) + [1] * len(a)
+            logprobs += [None] * len(p) + (list(lp) if lp is not None else [None] * len(a))
+        r.update(input_ids=ids, loss_mask=mask, behaviour_logprobs=logprobs)
+        if spec is not None:
+            got = rewards.get(r["episode_id"])
+            token_rewards = [0.0] * len(ids)
+            for k in (got or {}).get("tokens") or []:
+                if k["position"] is not None:
+                    token_rewards[k["position"]] = k["reward"]
+            r.update(spec_id=spec.spec_id, reward=got["total"] if got else None,
+                     token_rewards=token_rewards if got else None)
+        rows.append(r)
+    return rows
+
+
+def export_dataset(lake, out: str | Path, where: str = "true", *, spec=None, snapshot: int | None = None) -> int:
+    """Write the episodes `where` selects as a `datasets` dataset in folder `out` (and `out/episodes.parquet`);
+    returns how many. Refuses a folder that exists and is not empty, and a filter that selects nothing."""
+    import datasets
+
+    out = Path(out)
+    if out.exists() and any(out.iterdir()):
+        raise TrajlakeError(f"{out} exists and is not empty: export into a new folder")
+    rows = episode_rows(lake, where, spec=spec, snapshot=snapshot)
+    if not rows:
+        raise TrajlakeError(f"--where {where!r} selects no episode: nothing to export")
+    ds = datasets.Dataset(pa.Table.from_pylist(rows))
+    ds.save_to_disk(str(out))
+    ds.to_parquet(str(out / PARQUET))
+    return len(rows)
+
+
+def _load(folder: Path):
+    import datasets
+
+    if (folder / "dataset_info.json").is_file():
+        return datasets.load_from_disk(str(folder))
+    files = sorted(str(p) for p in folder.glob("*.parquet")) if folder.is_dir() else \
+        [str(folder)] if folder.suffix == ".parquet" else []
+    if not files:
+        raise TrajlakeError(f"{folder}: no dataset here (a folder saved with save_to_disk, or parquet files)")
+    return datasets.load_dataset("parquet", data_files=files, split="train")
+
+
+def _json(text: Any) -> Any:
+    return json.loads(text) if isinstance(text, str) else text
+
+
+def import_dataset(lake, folder: str | Path) -> dict[str, int]:
+    """Store the episodes of a dataset `export_dataset` wrote (their runs, tasks and turns) in `lake`, in one
+    snapshot; episodes already stored are skipped. Returns the rows written per table."""
+    from trajlake.schemas import Episode, Run, Task, Turn
+
+    folder = Path(folder)
+    ds = _load(folder)
+    needed = {*EPISODE_FIELDS, "turns", "run_kind", "run_config"}
+    missing = sorted(needed - set(ds.column_names))
+    if missing:
+        raise TrajlakeError(f"{folder}: not a trajlake episode dataset (no column {', '.join(missing)}); "
+                            "trajlake import agentgym reads AgentGym's conversation files")
+    rows = ds.to_list()
+    have = set(lake.query("SELECT episode_id FROM episodes")["episode_id"].to_list())
+    rows = [r for r in rows if r["episode_id"] not in have]
+    runs, tasks, episodes, turns = {}, {}, [], []
+    for r in rows:
+        if r["run_id"] and r["run_kind"]:
+            runs.setdefault(r["run_id"], Run(r["run_id"], r["run_kind"], config=_json(r["run_config"]),
+                                             status="finished", parent_run_id=r.get("run_parent_id")))
+        if r["task_id"] and r.get("task_env"):
+            tasks.setdefault(r["task_id"], Task(r["task_id"], r["task_env"], split=r.get("task_split"),
+                                                instruction=r.get("task_instruction"), seed=r.get("task_seed"),
+                                                ground_truth=_json(r.get("task_ground_truth")),
+                                                meta=_json(r.get("task_meta"))))
+        episodes.append(Episode(**{c: r[c] for c in EPISODE_FIELDS}))
+        for t in r["turns"] or []:
+            turns.append(Turn(r["episode_id"], **{**{c: t[c] for c in TURN_FIELDS}, "info": _json(t["info"]),
+                                                 "prompt_token_ids": tuple(t["prompt_token_ids"] or ()),
+                                                 "response_token_ids": tuple(t["response_token_ids"] or ()),
+                                                 "response_logprobs": (tuple(t["response_logprobs"])
+                                                                       if t["response_logprobs"] is not None
+                                                                       else None)}))
+    if not episodes:
+        return {"episodes": 0, "turns": 0, "runs": 0, "tasks": 0}
+    stored = lake.append({"runs": list(runs.values()), "tasks": list(tasks.values()), "episodes": episodes,
+                          "turns": turns}, stage="import", run_id=None, message=f"import dataset {folder}")
+    return {"episodes": len(episodes), "turns": len(turns), "runs": len(runs), "tasks": len(tasks),
+            "snapshot": stored.snapshot_id}
+
+
+__all__ = ["export_dataset", "import_dataset", "episode_rows"]
