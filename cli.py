@@ -369,6 +369,33 @@ def import_agentgym(
     display.console.print(str(result))
 
 
+@app.command()
+def view(
+    port: int = typer.Option(8765, "--port", help="Port on 127.0.0.1 (0: any free one)."),
+    snapshot: Optional[int] = typer.Option(None, "--snapshot", "-s", help="The snapshot to show [default: now]."),
+    out: Optional[Path] = typer.Option(None, "--out", help="Write the pages to this folder instead of serving."),
+    spec: Optional[str] = typer.Option(None, "--spec", help="With --out: the spec id whose rewards the pages "
+                                       "show [default: the last scored]."),
+) -> None:
+    """The trajectory viewer: runs, their episodes (filters, sorting), and each episode turn by turn with its
+    reply tokens shaded by the reward allocated to them. Served on 127.0.0.1 until Ctrl-C, or exported."""
+    from trajlake.evaluate.viewer import Viewer, export_site
+
+    with open_lake(read_only=True) as lake:
+        if out is not None:
+            n = export_site(lake, out, snapshot=snapshot, spec=spec)
+            display.console.print(f"viewer pages for {n} episodes in {out} (open {out / 'index.html'})")
+            return
+        if spec is not None:
+            raise typer.BadParameter("--spec goes with --out (served pages choose the spec on the page)")
+        viewer = Viewer(lake, snapshot=snapshot, port=port)
+        display.console.print(f"trajlake viewer at {viewer.url} (snapshot {viewer.snapshot}); Ctrl-C stops it")
+        try:
+            viewer.serve()
+        except KeyboardInterrupt:
+            viewer.close()
+
+
 @import_app.command("dataset")
 def import_dataset(
     path: Path = typer.Argument(..., help="A folder `trajlake export --dataset` wrote (or its parquet files)."),

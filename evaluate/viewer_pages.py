@@ -1,0 +1,250 @@
+"""The trajectory viewer's pages (`trajlake view`), rendered from the lake at one pinned snapshot.
+
+Three pages, every one a plain HTML file that works the same served (`trajlake view`) and exported
+(`trajlake view --out DIR`): the runs; a run's episodes (filtered and sorted in the page: env, policy,
+success, reward range under the chosen spec); one episode, turn by turn: the observation, the reply with each
+of its tokens shaded by the reward the spec allocated to it (`token_rewards`; the value is in each token's
+title and `data-reward`), and beside the episode's reward its group-relative advantage (GRPO's: the reward
+minus its group's mean, over the group's std), the parsed action, format flag, step reward and info. Two
+episodes, or one episode under two specs, go side by side (`compare`).
+"""
+
+from __future__ import annotations
+
+import html
+import json
+from functools import lru_cache
+from typing import Any
+from urllib.parse import quote
+
+from trajlake.errors import TrajlakeError
+
+RUNS_SQL = """
+SELECT r.run_id, r.kind, r.status, r.parent_run_id, count(e.episode_id) AS episodes,
+       round(avg(e.success::INT), 3) AS success_rate, string_agg(DISTINCT e.env, ', ') AS envs,
+       string_agg(DISTINCT e.policy_id, ', ') AS policies, r.started_at
+FROM runs r LEFT JOIN episodes e USING (run_id) GROUP BY ALL ORDER BY r.started_at, r.run_id
+"""
+EPISODES_SQL = """
+SELECT e.episode_id, e.env, e.policy_id, e.task_id, e.sample_index, e.status, e.success, e.env_reward,
+       e.num_turns, e.num_agent_tokens, r.total AS reward
+FROM episodes e LEFT JOIN episode_rewards r ON r.episode_id = e.episode_id AND r.spec_id = ?
+WHERE e.run_id = ? ORDER BY e.episode_id
+"""
+EPISODE_SQL = """
+SELECT e.*, r.total AS reward, (r.total - avg(r.total) OVER g) / nullif(stddev_samp(r.total) OVER g, 0) AS advantage,
+       count(*) OVER g AS group_size
+FROM episodes e LEFT JOIN episode_rewards r ON r.episode_id = e.episode_id AND r.spec_id = ?
+WHERE e.group_id IS NOT DISTINCT FROM (SELECT group_id FROM episodes WHERE episode_id = ?)
+  AND (e.group_id IS NOT NULL OR e.episode_id = ?)
+WINDOW g AS (PARTITION BY e.group_id)
+"""
+TURNS_SQL = """SELECT turn, observation, action_text, action, format_ok, step_reward, done, info::VARCHAR AS info,
+prompt_token_ids, response_token_ids FROM turns WHERE episode_id = ? ORDER BY turn"""
+TOKEN_REWARDS_SQL = "SELECT position, reward FROM token_rewards WHERE spec_id = ? AND episode_id = ?"
+
+STYLE = """
+body{font-family:system-ui,sans-serif;margin:1.5em;color:#222} table{border-collapse:collapse;font-size:.9em}
+td,th{border:1px solid #ccc;padding:.2em .5em;text-align:left} th a{color:inherit} .muted{color:#777}
+.turn{border:1px solid #ddd;border-radius:6px;padding:.6em;margin:.6em 0} .obs{white-space:pre-wrap;background:#f6f6f6;
+padding:.4em} .reply{font-family:monospace;white-space:pre-wrap;line-height:1.7} .tok{border-radius:2px}
+.side{display:flex;gap:1em} .side>div{flex:1;min-width:0} form.filters{margin:.5em 0} form.filters input{width:7em}
+"""
+FILTER_JS = """
+function applyFilters(){const f=document.getElementById('filters');const v=n=>f.elements[n].value.trim();
+const lo=parseFloat(v('min_reward')),hi=parseFloat(v('max_reward'));let shown=0;
+for(const r of document.querySelectorAll('#episodes tbody tr')){const d=r.dataset;let ok=true;
+if(v('env')&&d.env!==v('env'))ok=false;if(v('policy')&&!d.policy.includes(v('policy')))ok=false;
+if(v('success')&&d.success!==v('success'))ok=false;const rw=parseFloat(d.reward);
+if(!isNaN(lo)&&!(rw>=lo))ok=false;if(!isNaN(hi)&&!(rw<=hi))ok=false;r.style.display=ok?'':'none';if(ok)shown++;}
+document.getElementById('shown').textContent=shown;}
+function sortBy(k,num){const b=document.querySelector('#episodes tbody');const rows=[...b.rows];
+const dir=b.dataset.sort===k?-1:1;b.dataset.sort=dir===1?k:'';
+rows.sort((x,y)=>{let a=x.dataset[k],c=y.dataset[k];if(num){a=parseFloat(a);c=parseFloat(c);
+a=isNaN(a)?-Infinity:a;c=isNaN(c)?-Infinity:c;}return (a<c?-1:a>c?1:0)*dir;});rows.forEach(r=>b.appendChild(r));}
+document.addEventListener('DOMContentLoaded',()=>{const f=document.getElementById('filters');
+for(const e of ['input','change','keyup'])f.addEventListener(e,applyFilters);});
+"""
+
+
+def esc(v: Any) -> str:
+    return html.escape("" if v is None else str(v))
+
+
+def page(title: str, body: str, *, script: str = "") -> str:
+    return (f"<!doctype html><html><head><meta charset='utf-8'><title>{esc(title)}</title><style>{STYLE}</style>"
+            f"{f'<script>{script}</script>' if script else ''}</head><body>{body}</body></html>")
+
+
+class Links:
+    """Where the pages are: served (`/run/<id>`) or exported (`runs/<id>.html`, relative to the page)."""
+
+    def __init__(self, static: bool):
+        self.static = static
+
+    def run(self, run_id: str, spec: str | None, depth: int = 0) -> str:
+        up = "../" * depth
+        return (f"{up}runs/{quote(run_id, safe='')}.html" if self.static
+                else f"/run/{quote(run_id, safe='')}" + (f"?spec={spec}" if spec else ""))
+
+    def episode(self, episode_id: str, spec: str | None, depth: int = 0) -> str:
+        up = "../" * depth
+        return (f"{up}episodes/{episode_id}.html" if self.static
+                else f"/episode/{episode_id}" + (f"?spec={spec}" if spec else ""))
+
+    def index(self, depth: int = 0) -> str:
+        return ("../" * depth + "index.html") if self.static else "/"
+
+
+def shade(reward: float, scale: float) -> str:
+    """A background for a token's reward: green for a positive one, red for a negative, stronger the larger."""
+    if not reward or not scale:
+        return "transparent"
+    a = min(1.0, abs(reward) / scale) * 0.75 + 0.1
+    return f"rgba(0,160,60,{a:.2f})" if reward > 0 else f"rgba(220,40,40,{a:.2f})"
+
+
+class Pages:
+    """The viewer's pages over `lake` at `snapshot`, rewards under spec `spec` (a spec id; None: none)."""
+
+    def __init__(self, lake, snapshot: int, spec: str | None, links: Links):
+        self.lake, self.snapshot, self.spec, self.links = lake, snapshot, spec, links
+
+    def q(self, sql: str, params: list | None = None):
+        return self.lake.query(sql, params, snapshot=self.snapshot)
+
+    def specs(self) -> list[tuple[str, str]]:
+        return self.q("SELECT spec_id, name FROM reward_specs ORDER BY created_at, spec_id").rows()
+
+    def _spec_line(self, make_link) -> str:
+        if self.links.static:
+            return f"<p class='muted'>rewards under spec {esc(self.spec or 'none')}</p>"
+        items = [f"<a href='{make_link(sid)}'>{esc(name)} ({sid})</a>" if sid != self.spec
+                 else f"<b>{esc(name)} ({sid})</b>" for sid, name in self.specs()]
+        return f"<p>rewards under spec: {' | '.join(items) or 'none scored yet'}</p>"
+
+    def runs(self) -> str:
+        rows = self.q(RUNS_SQL).to_dicts()
+        body = [f"<h1>Runs</h1><p class='muted'>lake snapshot {self.snapshot}; {len(rows)} runs</p>",
+                "<table id='runs'><tr><th>run</th><th>kind</th><th>status</th><th>parent</th><th>episodes</th>"
+                "<th>success</th><th>envs</th><th>policies</th><th>started</th></tr>"]
+        for r in rows:
+            name = (f"<a href='{self.links.run(r['run_id'], self.spec)}'>{esc(r['run_id'])}</a>" if r["episodes"]
+                    else esc(r["run_id"]))
+            body.append(f"<tr><td>{name}</td><td>{esc(r['kind'])}</td><td>{esc(r['status'])}</td>"
+                        f"<td>{esc(r['parent_run_id'])}</td><td>{r['episodes']}</td><td>{esc(r['success_rate'])}</td>"
+                        f"<td>{esc(r['envs'])}</td><td>{esc(r['policies'])}</td><td>{esc(r['started_at'])}</td></tr>")
+        return page("trajlake runs", "".join(body) + "</table>")
+
+    def run(self, run_id: str) -> str:
+        rows = self.q(EPISODES_SQL, [self.spec, run_id]).to_dicts()
+        if not rows:
+            raise TrajlakeError(f"no episodes in run {run_id!r} at snapshot {self.snapshot}")
+        envs = sorted({r["env"] for r in rows if r["env"]})
+        cols = [("episode", "id", False), ("env", "env", False), ("policy", "policy", False), ("task", "task", False),
+                ("sample", "sample", True), ("status", "status", False), ("success", "success", False),
+                ("env reward", "envreward", True), ("turns", "turns", True), ("agent tokens", "tokens", True),
+                ("reward", "reward", True)]
+        head = "".join(f"<th><a href='#' onclick=\"sortBy('{k}',{str(num).lower()});return false\">{t}</a></th>"
+                       for t, k, num in cols)
+        lines = []
+        for r in rows:
+            data = {"id": r["episode_id"], "env": r["env"], "policy": r["policy_id"], "task": r["task_id"],
+                    "sample": r["sample_index"], "status": r["status"], "success": str(r["success"]).lower(),
+                    "envreward": r["env_reward"], "turns": r["num_turns"], "tokens": r["num_agent_tokens"],
+                    "reward": r["reward"]}
+            attrs = " ".join(f"data-{k}='{esc(v)}'" for k, v in data.items())
+            cells = [f"<a href='{self.links.episode(r['episode_id'], self.spec, 1 if self.links.static else 0)}'>"
+                     f"{esc(r['episode_id'][:8])}</a>"] + [esc(data[k]) for _, k, _ in cols[1:]]
+            lines.append(f"<tr {attrs}>" + "".join(f"<td>{c}</td>" for c in cells) + "</tr>")
+        env_options = "".join(f"<option>{esc(e)}</option>" for e in envs)
+        filters = (f"<form id='filters' class='filters' onsubmit='return false'>env <select "
+                   f"name='env'><option value=''>all</option>{env_options}</select> policy <input name='policy'> "
+                   "success <select name='success'><option value=''>all</option><option>true</option><option>false"
+                   "</option></select> reward from <input name='min_reward'> to <input name='max_reward'> "
+                   f"&nbsp;<span id='shown'>{len(rows)}</span> of {len(rows)} shown</form>")
+        body = (f"<p><a href='{self.links.index(1 if self.links.static else 0)}'>runs</a></p><h1>Run {esc(run_id)}</h1>"
+                + self._spec_line(lambda s: f"/run/{quote(run_id, safe='')}?spec={s}") + filters
+                + f"<table id='episodes'><thead><tr>{head}</tr></thead><tbody>{''.join(lines)}</tbody></table>")
+        return page(f"run {run_id}", body, script=FILTER_JS)
+
+    def _episode(self, episode_id: str, spec: str | None) -> str:
+        """One episode's block (header and turns) under `spec`."""
+        rows = self.q(EPISODE_SQL, [spec, episode_id, episode_id]).to_dicts()
+        ep = next((r for r in rows if r["episode_id"] == episode_id), None)
+        if ep is None:
+            raise TrajlakeError(f"no episode {episode_id!r} at snapshot {self.snapshot}")
+        turns = self.q(TURNS_SQL, [episode_id]).to_dicts()
+        rewards = dict(self.q(TOKEN_REWARDS_SQL, [spec, episode_id]).rows()) if spec else {}
+        scale = max((abs(v) for v in rewards.values()), default=0.0)
+        tok = self._tokenizer(ep["run_id"], ep["policy_id"])
+        adv = ep["advantage"]
+        head = (f"<h2>Episode {esc(episode_id)}</h2><p>env {esc(ep['env'])}, task {esc(ep['task_id'])}, policy "
+                f"{esc(ep['policy_id'])}, run {esc(ep['run_id'])}; status {esc(ep['status'])}, success "
+                f"<b id='success'>{esc(ep['success'])}</b>, env reward {esc(ep['env_reward'])}; reward "
+                f"<b id='reward' data-spec='{esc(spec)}'>{esc(ep['reward'])}</b> under spec {esc(spec or 'none')}"
+                + (f", advantage <b id='advantage'>{adv:.3f}</b> (group of {ep['group_size']}: reward minus the "
+                   "group's mean, over its std)" if adv is not None else "") + "</p>")
+        blocks, position = [], 0
+        for t in turns:
+            p, a = list(t["prompt_token_ids"] or ()), list(t["response_token_ids"] or ())
+            position += len(p)
+            if tok is not None and a:
+                spans = []
+                for k, token in enumerate(a):
+                    r = rewards.get(position + k, 0.0)
+                    spans.append(f"<span class='tok' data-position='{position + k}' data-reward='{r}' "
+                                 f"title='token {token}, reward {r:g}' style='background:{shade(r, scale)}'>"
+                                 f"{esc(tok.decode([token]))}</span>")
+                reply = "".join(spans)
+            else:
+                reply = esc(t["action_text"])
+            position += len(a)
+            info = json.loads(t["info"]) if t["info"] else {}
+            blocks.append(f"<div class='turn' data-turn='{t['turn']}'><b>turn {t['turn']}</b><div class='obs'>"
+                          f"{esc(t['observation'])}</div><div class='reply'>{reply}</div><p>action "
+                          f"<code>{esc(t['action'])}</code>, format ok {esc(t['format_ok'])}, step reward "
+                          f"{esc(t['step_reward'])}, done {esc(t['done'])}, info <code>{esc(json.dumps(info))}</code>"
+                          "</p></div>")
+        return head + "".join(blocks)
+
+    def episode(self, episode_id: str) -> str:
+        depth = 1 if self.links.static else 0
+        nav = f"<p><a href='{self.links.index(depth)}'>runs</a></p>"
+        return page(f"episode {episode_id}", nav + self._spec_line(lambda s: f"/episode/{episode_id}?spec={s}")
+                    + self._episode(episode_id, self.spec))
+
+    def compare(self, a: str, b: str, spec_b: str | None = None) -> str:
+        """Episodes `a` and `b` side by side (the same spec), or `a` under this spec and `spec_b`."""
+        left = self._episode(a, self.spec)
+        right = self._episode(b, spec_b or self.spec)
+        return page(f"compare {a} {b}", f"<p><a href='{self.links.index()}'>runs</a></p><div class='side'>"
+                    f"<div id='left'>{left}</div><div id='right'>{right}</div></div>")
+
+    def _tokenizer(self, run_id: str | None, policy_id: str | None):
+        return _tokenizer_for(self.lake, self.snapshot, run_id, policy_id)
+
+
+@lru_cache(maxsize=32)
+def _tokenizer_for(lake, snapshot: int, run_id: str | None, policy_id: str | None):
+    """The tokenizer the episode's ids are in: the run's `tokenizer` (text policies), else the policy's
+    checkpoint or base model; None when none of them loads (the reply is then shown as text)."""
+    from trajlake.lm.load import load_tokenizer
+
+    config = lake.query("SELECT config::VARCHAR FROM runs WHERE run_id = ?", [run_id], snapshot=snapshot)
+    candidates = []
+    if config.height and config.item():
+        candidates.append(json.loads(config.item()).get("tokenizer"))
+    pol = lake.query("SELECT checkpoint_uri, base_model FROM policies WHERE policy_id = ?", [policy_id],
+                     snapshot=snapshot)
+    if pol.height:
+        candidates += list(pol.row(0))
+    if policy_id and policy_id.startswith(("hf:", "vllm:")):
+        candidates.append(policy_id.split(":", 1)[1])
+    for c in candidates:
+        if c:
+            try:
+                return load_tokenizer(c)
+            except Exception:  # a folder moved or deleted since: try the next
+                continue
+    return None
