@@ -111,6 +111,25 @@ SECTIONS: dict[str, tuple[str, str, str, str]] = {
 FILTERED = {"learning": ("WHERE", ("s.run_id",)), "kl": ("WHERE", ("s.run_id",)),
             "policies": ("AND", ("r.run_id", "r.parent_run_id"))}
 
+#: per section: the episodes at its extremes, each plot's worst and best, linked to the viewer's pages
+#: (label, spec_id, worst episode, best episode)
+EXTREMES = {
+    "rewards": """SELECT s.name || ' (' || r.spec_id || ')' AS label, r.spec_id,
+                  arg_min(r.episode_id, r.total) AS worst, arg_max(r.episode_id, r.total) AS best
+                  FROM episode_rewards r JOIN reward_specs s USING (spec_id) GROUP BY ALL ORDER BY 1""",
+    "turns": """SELECT env AS label, NULL AS spec_id,
+                arg_max(episode_id, num_turns) FILTER (WHERE NOT success) AS worst,
+                arg_min(episode_id, num_turns) FILTER (WHERE success) AS best
+                FROM episodes WHERE status IS DISTINCT FROM 'error' GROUP BY env ORDER BY 1""",
+    "policies": """SELECT e.policy_id AS label, NULL AS spec_id,
+                   arg_min(e.episode_id, coalesce(e.success::INT, 0)) AS worst,
+                   arg_max(e.episode_id, coalesce(e.success::INT, 0)) AS best
+                   FROM episodes e JOIN runs r USING (run_id) WHERE r.kind = 'eval' {runs}
+                   AND e.status IS DISTINCT FROM 'error' GROUP BY 1 ORDER BY 1""",
+}
+#: where `trajlake view` serves its pages by default
+VIEWER_URL = "http://127.0.0.1:8765/"
+
 STYLE = """
 body { font-family: system-ui, sans-serif; max-width: 1100px; margin: 2em auto; padding: 0 1em; color: #222; }
 h2 { border-bottom: 1px solid #ddd; padding-bottom: .2em; margin-top: 2em; }
@@ -121,12 +140,31 @@ th { background: #f0f0f0; } td.num { text-align: right; } img { max-width: 100%;
 """
 
 
-def build_report(lake: Lake, out_dir, runs: list[str] | None = None) -> Path:
+def _extremes(lake: Lake, snap: int, key: str, viewer_url: str, runs: list[str]) -> str:
+    """The links from a section to the viewer's pages of its worst and best episodes ('' when it has none);
+    `runs` filters the sections the run filter applies to, as their plots."""
+    if key not in EXTREMES:
+        return ""
+    items = []
+    sql = EXTREMES[key].replace("{runs}", _run_filter(runs, *FILTERED.get(key, ("", ()))))
+    for label, spec, worst, best in lake.query(sql, snapshot=snap).rows():
+        q = f"?spec={spec}" if spec else ""
+        links = [f'<a href="{viewer_url}episode/{eid}{q}">{what}</a>'
+                 for what, eid in (("worst", worst), ("best", best)) if eid]
+        if links:
+            items.append(f"{html.escape(str(label))}: {' · '.join(links)}")
+    if not items:
+        return ""
+    return (f'<p class="meta">episodes in the viewer (<code>trajlake view</code>): {"; ".join(items)}</p>')
+
+
+def build_report(lake: Lake, out_dir, runs: list[str] | None = None, viewer_url: str = VIEWER_URL) -> Path:
     """Write `out_dir/index.html` and its PNG plots; returns the HTML file's path.
 
     `runs` restricts the train-run plots and the eval table to those run ids (an eval run also counts when
-    its parent run is listed); None or empty shows every run. Raises TrajlakeError for an out_dir that
-    cannot be a folder and for run ids the lake does not have.
+    its parent run is listed); None or empty shows every run. The reward, turn and policy sections link their
+    worst and best episodes to the viewer's pages at `viewer_url` (`trajlake view`'s default address).
+    Raises TrajlakeError for an out_dir that cannot be a folder and for run ids the lake does not have.
     """
     out = Path(out_dir)
     if out.exists() and not out.is_dir():
@@ -152,6 +190,7 @@ def build_report(lake: Lake, out_dir, runs: list[str] | None = None) -> Path:
         body = RENDER[key](df, out / f"{key}.png") if df.height else None
         if body is None:
             body = f'<p class="empty">no data yet: {_code(html.escape(producer))}</p>'
+        body += _extremes(lake, snap, key, viewer_url, runs) if df.height else ""
         parts.append(f'<section id="{key}"><h2>{html.escape(title)}</h2><p>{html.escape(what)}</p>\n{body}\n'
                      f"<p class=\"meta\">query:</p><pre>{html.escape(sql)}</pre></section>")
     nav = " · ".join(f'<a href="#{k}">{html.escape(t[0])}</a>' for k, t in SECTIONS.items())

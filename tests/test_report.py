@@ -94,3 +94,26 @@ def test_cli_report(tmp_path, capsys):
     assert "report: " in capsys.readouterr().out and (tmp_path / "r" / "learning.png").is_file()
     assert main(["--lake", uri, "report", "--out", str(tmp_path / "r"), "--runs", "no-such-run"]) == 1
     assert "no-such-run" in capsys.readouterr().err
+
+
+def test_plots_link_their_worst_and_best_episodes_to_the_viewer(demo, tmp_path):
+    """Each reward spec's lowest and highest total, each env's longest failure and shortest success, each
+    evaluated policy's failure and success: links to the viewer's page of that episode, which renders it."""
+    import re
+
+    from trajlake.evaluate.viewer import Viewer
+
+    page = build_report(demo, tmp_path / "report", viewer_url="http://127.0.0.1:9/").read_text()
+    rewards = section(page, "rewards")
+    for spec_id, in demo.query("SELECT spec_id FROM reward_specs").rows():
+        low, high = demo.query("SELECT arg_min(episode_id, total), arg_max(episode_id, total) FROM episode_rewards "
+                               "WHERE spec_id = ?", [spec_id]).row(0)
+        assert f'href="http://127.0.0.1:9/episode/{low}?spec={spec_id}">worst' in rewards
+        assert f'href="http://127.0.0.1:9/episode/{high}?spec={spec_id}">best' in rewards
+    assert "worst" in section(page, "turns") and "best" in section(page, "policies")
+    viewer = Viewer(demo, port=0)  # every linked page is one the viewer serves
+    try:
+        for path in re.findall(r'href="http://127\.0\.0\.1:9(/episode/[^"]+)"', page):
+            assert viewer.render(path.replace("&amp;", "&"))[0] == 200, path
+    finally:
+        viewer.server.server_close()
