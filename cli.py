@@ -264,6 +264,8 @@ def train(
         "(with old_logprobs = \"behaviour\" or is_cap in the config)."),
     train_snapshot: Optional[int] = typer.Option(
         None, "--train-snapshot", help="The snapshot --train-filter reads (its episodes already scored by the spec)."),
+    report_to: Optional[list[str]] = typer.Option(
+        None, "--report-to", help="Override the config's trackers (repeat): tensorboard, wandb."),
     replay: Optional[str] = typer.Option(
         None, "--replay", help="Recompute a step of this stored GRPO/PPO run (with --step) and compare its weights "
         "with the stored checkpoint; trains nothing, writes nothing."),
@@ -280,7 +282,8 @@ def train(
     if replay is not None or step is not None:
         others = (("--config", config), ("--algo", algo), ("--run-id", run_id), ("--model", model),
                   ("--iterations", iterations), ("--env-url", env_url), ("--reward-spec", reward_spec),
-                  ("--train-filter", train_filter), ("--train-snapshot", train_snapshot))
+                  ("--train-filter", train_filter), ("--train-snapshot", train_snapshot),
+                  ("--report-to", report_to or None))
         given = [n for n, v in others if v is not None]
         if replay is None or step is None or given:
             raise typer.BadParameter("--replay RUN_ID and --step N go together, and alone: the run's stored config "
@@ -296,7 +299,8 @@ def train(
     if config is None:
         raise typer.BadParameter("Missing option '--config' (or --replay RUN_ID --step N)")
     cfg = load_config(config, algo=algo, run_id=run_id, model=model, iterations=iterations, env_url=env_url,
-                      reward_spec=reward_spec, train_filter=train_filter, train_snapshot=train_snapshot)
+                      reward_spec=reward_spec, train_filter=train_filter, train_snapshot=train_snapshot,
+                      report_to=report_to or None)
     result = run(cfg, State.lake_uri)
     display.console.print(f"run {result.run_id}: step {result.step}, policy {result.policy_id}")
 

@@ -244,7 +244,8 @@ def recipe(cfg: DemoConfig, lake: Lake, model: Path) -> RecipeResult:
     grpo = train_stage(cfg, lake, "grpo-doors-noisy.toml", run_id=f"{cfg.prefix}-grpo", model=sft_policy,
                        iterations=cfg.iterations, tasks=cfg.tasks, samples=cfg.samples, lr=cfg.lr,
                        temperature=cfg.temperature, advantage=cfg.advantage, micro_batch=cfg.micro_batch,
-                       minibatch_size=cfg.tasks * cfg.samples, **cfg.train_overrides)
+                       minibatch_size=cfg.tasks * cfg.samples,
+                       **{"report_to": ["tensorboard"], **cfg.train_overrides})  # its curves in TensorBoard too
     seconds["grpo_s"] = time.perf_counter() - t
     seconds["grpo_s_per_iteration"] = seconds["grpo_s"] / cfg.iterations
     policies = {"start": f"hf:{model}", f"SFT plateau (step {plateau})": sft_policy,
@@ -293,6 +294,8 @@ def run(cfg: DemoConfig) -> None:
         emit(lake.query(CURVE_SQL, [result.grpo_run, max(1, cfg.iterations // 5)]), Format.table, None)
         index = build_report(lake, cfg.report)
     console.print(f"report: {index}")
+    console.print(f"the GRPO run's curves: tensorboard --logdir {cfg.checkpoints}/{cfg.prefix}-grpo/tensorboard; "
+                  f"its episodes token by token: .venv/bin/trajlake --lake {cfg.lake} view")
     console.print(f"lake: {cfg.lake}; explore it with: .venv/bin/trajlake --lake {cfg.lake} sql "
                   "(queries to start from: docs/queries/)")
     console.print(f"demo finished in {time.perf_counter() - t0:.0f} s")

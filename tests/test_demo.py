@@ -28,6 +28,8 @@ def test_demo_runs_every_stage_and_resumes(tmp_path, tmp_path_factory, capsys):
                  "val_success", "report:", "demo finished"):
         assert text in out, text
     assert (tmp_path / "report" / "index.html").is_file()
+    events = list((tmp_path / "ckpt" / "demo-grpo" / "tensorboard").glob("events.out.tfevents.*"))
+    assert events and "tensorboard --logdir" in out, "the GRPO run's curves go to TensorBoard"
     with Lake.open(str(tmp_path / "lake")) as lake:
         kinds = dict(lake.query("SELECT kind, count(*) AS n FROM runs GROUP BY kind").iter_rows())
         # an eval run per policy and split: the two SFT checkpoints on val, the start, the plateau and GRPO on test
