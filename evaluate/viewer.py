@@ -73,8 +73,8 @@ class Viewer:
                 self.end_headers()
                 self.wfile.write(data)
 
-            def log_message(self, *args):  # quiet: the command prints its own line
-                pass
+            def log_message(self, *args):
+                """Quiet: `trajlake view` prints its own line, not one per request."""
 
         try:
             self.server = ThreadingHTTPServer((host, port), Handler)

@@ -35,6 +35,7 @@ from trajlake.train.algos.turns import TURN_INPUTS
 from trajlake.train.batch import check_episode_filter, collate, load_episodes
 from trajlake.train.config import ConfigError, TrainConfig
 from trajlake.train.progress import NO_SIGNAL_WARN, TrainProgress, no_signal_cause
+from trajlake.train.rollouts import collect_run, eval_config, evaluate, rollout_config
 from trajlake.train.steps import iteration_update, sft_update
 
 
@@ -201,89 +202,6 @@ def stored_train_run(lake: Lake, config: TrainConfig, run_id: str, start_policy:
     return row
 
 
-def _in_memory_policy(engines: E.Engines, policy_id: str, path: str):
-    """The actor as a collect policy without a round trip through disk (ZeRO 0-2: rank 0 holds every weight);
-    None under ZeRO-3 (collect then loads the checkpoint)."""
-    if engines.actor.zero_optimization_stage() == 3:
-        return None
-    from trajlake.collect.policies.hf import HFPolicy
-
-    return HFPolicy(path, policy_id=policy_id, model=engines.actor.module, tokenizer=engines.tokenizer,
-                    device=str(D.device()))
-
-
-def _rollout_config(r: _Run, policy_id: str, it: int):
-    """The collect run of iteration `it` (from 0) of this train run (collect's own checks run on it): the
-    train config's rollout settings, sampled with seed + it, on the next `tasks` tasks of the split."""
-    from trajlake.collect.config import CollectConfig, rollout_fields
-
-    c = r.cfg
-    return CollectConfig(**rollout_fields(c, concurrency=min(c.concurrency, c.tasks * c.samples)),
-                         policy=f"policy:{policy_id}", tasks=c.tasks, samples=c.samples, seed=c.seed + it,
-                         task_offset=it * c.tasks if c.rotate_tasks else 0, run_id=f"{r.run_id}/it-{it + 1}",
-                         progress=False, run_kind="collect", parent_run_id=r.run_id)
-
-
-def _eval_config(r: _Run, policy_id: str, step: int):
-    """The collect run of a held-out eval of this train run, made by evaluate's own code: greedy, one sample
-    of `eval_tasks` tasks of `eval_split`, played as the rollouts are."""
-    from trajlake.collect.config import rollout_fields
-    from trajlake.evaluate.run import EvalConfig, eval_collect_config
-
-    c, policy = r.cfg, f"policy:{policy_id}"
-    ec = EvalConfig(**rollout_fields(c, split=c.eval_split, concurrency=min(c.concurrency, c.eval_tasks)),
-                    policies=(policy,), tasks=c.eval_tasks, greedy=True, seed=c.seed, progress=False)
-    return eval_collect_config(ec, policy, f"{r.run_id}/eval-{step}", parent_run_id=r.run_id)
-
-
-def _engine_policy(r: _Run, policy_id: str, path: str):
-    """The run's rollout policy when it is not the actor itself (replicas > 1, or rollout_engine vllm): started
-    once, then each new checkpoint `path` loaded into it without a restart."""
-    from trajlake.train.config import ROLLOUT_ENGINES
-
-    c = r.cfg
-    if r.rollout is None:
-        if c.replicas > 1:
-            from trajlake.collect.policies.replicas import ReplicatedPolicy
-
-            r.rollout = ReplicatedPolicy(f"{ROLLOUT_ENGINES[c.rollout_engine]}:{path}", c.replicas, policy_id=policy_id)
-        else:
-            from trajlake.collect.policies.vllm import VLLMPolicy
-
-            r.rollout = VLLMPolicy(path, policy_id=policy_id)
-    elif r.rollout_loaded != path:
-        r.rollout.reload(path)
-    r.rollout.policy_id, r.rollout_loaded = policy_id, path
-    return r.rollout
-
-
-def _collect(r: _Run, engines: E.Engines, policy_id: str, path: str, cc) -> str:
-    """Rank 0 plays the collect run `cc` with the actor (or its replicas) into the store; returns its run id."""
-    from trajlake.collect.rollout import EnvErrorsOnly, collect
-
-    separate = r.cfg.replicas > 1 or r.cfg.rollout_engine != "transformers"
-    policy = _engine_policy(r, policy_id, path) if separate else _in_memory_policy(engines, policy_id, path)
-    engines.actor.eval()
-    try:
-        return collect(cc, r.lake, policy=policy)
-    except EnvErrorsOnly as e:  # a restart of the train run re-collects (and so retries) this run
-        raise TrajlakeError(f"train run {r.run_id}: collect run {cc.run_id} failed: {e.what}; re-run the train run "
-                            f"(--run-id {r.run_id}) once the env works") from None
-    finally:
-        if policy is not None and not separate:
-            policy.close()
-
-
-def evaluate(r: _Run, engines: E.Engines, policy_id: str, path: str, step: int) -> dict[str, float]:
-    """Greedy episodes on held-out tasks (rank 0); success rate and mean env reward, on every rank."""
-    from trajlake.evaluate.run import success_rate
-
-    out = None
-    if r.main:
-        out = success_rate(r.lake, _collect(r, engines, policy_id, path, _eval_config(r, policy_id, step)))
-    return D.broadcast(out)
-
-
 def train(config: TrainConfig, lake: Lake | None) -> RunResult:
     """GRPO/PPO iterations (or, for algo sft, `sft`). Every rank calls it; only rank 0 needs `lake`."""
     if config.algo == "sft":
@@ -297,9 +215,9 @@ def train(config: TrainConfig, lake: Lake | None) -> RunResult:
     r = _Run(config, lake, "train", spec_id=spec.spec_id)
 
     def check_collect() -> None:  # collect's own checks of the rollouts' and evals' settings, before any write
-        _rollout_config(r, r.policy_id, 0)
+        rollout_config(r, r.policy_id, 0)
         if c.eval_every:
-            _eval_config(r, r.policy_id, 0)
+            eval_config(r, r.policy_id, 0)
 
     on_main(r.main, check_collect)
     if c.train_filter:
@@ -333,7 +251,7 @@ def train(config: TrainConfig, lake: Lake | None) -> RunResult:
                 t0 = time.perf_counter()
                 payload = None
                 if r.main and data is None:  # fresh rollouts of the current policy, scored
-                    crun = _collect(r, engines, r.policy_id, r.model_path, _rollout_config(r, r.policy_id, it))
+                    crun = collect_run(r, engines, r.policy_id, r.model_path, rollout_config(r, r.policy_id, it))
                     where = f"run_id = {sql_str(crun)}"
                     score(r.lake, spec, where=where, run_id=r.run_id)
                     snap = r.lake.current_snapshot()

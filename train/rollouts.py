@@ -1,0 +1,98 @@
+"""The train loop's rollouts and held-out evals: collect runs played by the actor itself (transformers, in this
+process), or by a rollout engine started once (`rollout_engine` vllm, or `replicas` > 1 on Ray) into which each
+new checkpoint is loaded. Only rank 0 plays; the others wait for what it stored.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from trajlake.errors import TrajlakeError
+from trajlake.train import distributed as D
+from trajlake.train import engine as E
+
+if TYPE_CHECKING:
+    from trajlake.train.loop import _Run as Run
+
+
+def _in_memory_policy(engines: E.Engines, policy_id: str, path: str):
+    """The actor as a collect policy without a round trip through disk (ZeRO 0-2: rank 0 holds every weight);
+    None under ZeRO-3 (collect then loads the checkpoint)."""
+    if engines.actor.zero_optimization_stage() == 3:
+        return None
+    from trajlake.collect.policies.hf import HFPolicy
+
+    return HFPolicy(path, policy_id=policy_id, model=engines.actor.module, tokenizer=engines.tokenizer,
+                    device=str(D.device()))
+
+
+def rollout_config(r: Run, policy_id: str, it: int):
+    """The collect run of iteration `it` (from 0) of this train run (collect's own checks run on it): the
+    train config's rollout settings, sampled with seed + it, on the next `tasks` tasks of the split."""
+    from trajlake.collect.config import CollectConfig, rollout_fields
+
+    c = r.cfg
+    return CollectConfig(**rollout_fields(c, concurrency=min(c.concurrency, c.tasks * c.samples)),
+                         policy=f"policy:{policy_id}", tasks=c.tasks, samples=c.samples, seed=c.seed + it,
+                         task_offset=it * c.tasks if c.rotate_tasks else 0, run_id=f"{r.run_id}/it-{it + 1}",
+                         progress=False, run_kind="collect", parent_run_id=r.run_id)
+
+
+def eval_config(r: Run, policy_id: str, step: int):
+    """The collect run of a held-out eval of this train run, made by evaluate's own code: greedy, one sample
+    of `eval_tasks` tasks of `eval_split`, played as the rollouts are."""
+    from trajlake.collect.config import rollout_fields
+    from trajlake.evaluate.run import EvalConfig, eval_collect_config
+
+    c, policy = r.cfg, f"policy:{policy_id}"
+    ec = EvalConfig(**rollout_fields(c, split=c.eval_split, concurrency=min(c.concurrency, c.eval_tasks)),
+                    policies=(policy,), tasks=c.eval_tasks, greedy=True, seed=c.seed, progress=False)
+    return eval_collect_config(ec, policy, f"{r.run_id}/eval-{step}", parent_run_id=r.run_id)
+
+
+def _engine_policy(r: Run, policy_id: str, path: str):
+    """The run's rollout policy when it is not the actor itself (replicas > 1, or rollout_engine vllm): started
+    once, then each new checkpoint `path` loaded into it without a restart."""
+    from trajlake.train.config import ROLLOUT_ENGINES
+
+    c = r.cfg
+    if r.rollout is None:
+        if c.replicas > 1:
+            from trajlake.collect.policies.replicas import ReplicatedPolicy
+
+            r.rollout = ReplicatedPolicy(f"{ROLLOUT_ENGINES[c.rollout_engine]}:{path}", c.replicas, policy_id=policy_id)
+        else:
+            from trajlake.collect.policies.vllm import VLLMPolicy
+
+            r.rollout = VLLMPolicy(path, policy_id=policy_id)
+    elif r.rollout_loaded != path:
+        r.rollout.reload(path)
+    r.rollout.policy_id, r.rollout_loaded = policy_id, path
+    return r.rollout
+
+
+def collect_run(r: Run, engines: E.Engines, policy_id: str, path: str, cc) -> str:
+    """Rank 0 plays the collect run `cc` with the actor (or its replicas) into the store; returns its run id."""
+    from trajlake.collect.rollout import EnvErrorsOnly, collect
+
+    separate = r.cfg.replicas > 1 or r.cfg.rollout_engine != "transformers"
+    policy = _engine_policy(r, policy_id, path) if separate else _in_memory_policy(engines, policy_id, path)
+    engines.actor.eval()
+    try:
+        return collect(cc, r.lake, policy=policy)
+    except EnvErrorsOnly as e:  # a restart of the train run re-collects (and so retries) this run
+        raise TrajlakeError(f"train run {r.run_id}: collect run {cc.run_id} failed: {e.what}; re-run the train run "
+                            f"(--run-id {r.run_id}) once the env works") from None
+    finally:
+        if policy is not None and not separate:
+            policy.close()
+
+
+def evaluate(r: Run, engines: E.Engines, policy_id: str, path: str, step: int) -> dict[str, float]:
+    """Greedy episodes on held-out tasks (rank 0); success rate and mean env reward, on every rank."""
+    from trajlake.evaluate.run import success_rate
+
+    out = None
+    if r.main:
+        out = success_rate(r.lake, collect_run(r, engines, policy_id, path, eval_config(r, policy_id, step)))
+    return D.broadcast(out)
