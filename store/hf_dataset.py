@@ -41,7 +41,7 @@ SELECT {episode}, r.kind AS run_kind, r.config::VARCHAR AS run_config, r.parent_
        t.env AS task_env, {task},
        (SELECT list({{{turn}}} ORDER BY u.turn) FROM turns u WHERE u.episode_id = e.episode_id) AS turns
 FROM episodes e LEFT JOIN runs r USING (run_id) LEFT JOIN tasks t USING (task_id)
-WHERE ({where}) ORDER BY e.episode_id
+WHERE e.episode_id IN (SELECT episode_id FROM episodes WHERE ({where})) ORDER BY e.episode_id
 """
 
 REWARDS_SQL = """
