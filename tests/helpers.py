@@ -290,3 +290,25 @@ def demo_lake_uri(tmp_path_factory) -> str:
             torch.set_num_threads(threads)
         done.touch()
     return str(path)
+
+
+#: how close a vLLM engine's stored log-probs are to the trainer's recomputation (nats): vLLM's CPU kernels sum
+#: in another order than transformers'
+VLLM_TOLERANCE = 1e-3
+
+
+def recomputed(model_dir, lake: Lake, run_id: str, temperature: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """(stored, recomputed) log-probs of every reply token of a run: the trainer's forward on the same ids."""
+    from trajlake.lm.load import load_model
+
+    model = load_model(model_dir)
+    stored, again = [], []
+    for ts in turns_by_episode(lake, run_id).values():
+        ids, mask = full_sequence(ts)
+        with torch.no_grad():
+            logits = model(input_ids=torch.tensor([ids])).logits[0].float() / temperature
+        logp = torch.log_softmax(logits, -1)
+        where = [i for i, m in enumerate(mask) if m]
+        again.append(logp[torch.tensor(where) - 1, torch.tensor([ids[i] for i in where])])
+        stored.append(torch.tensor([x for t in ts for x in t["response_logprobs"]]))
+    return torch.cat(stored), torch.cat(again)

