@@ -121,4 +121,7 @@ class VLLMPolicy(Policy):
         self.llm.reset_prefix_cache()  # cached keys and values were computed with the old weights
 
     def close(self) -> None:
-        self.llm = None
+        """Stop the engine and its worker process (dropping the reference alone leaves them running)."""
+        llm, self.llm = getattr(self, "llm", None), None
+        if llm is not None:
+            llm.llm_engine.engine_core.shutdown()
