@@ -143,3 +143,13 @@ def test_grpo_rollouts_on_vllm_load_each_checkpoint_and_match_the_trainer(tmp_pa
                                    .item(), lake, "v/it-2", 1.0)
         assert torch.allclose(stored, again, atol=TOLERANCE, rtol=0), "iteration 2 was not sampled with step 1"
 
+
+
+def test_sampling_settings_vllm_cannot_match_are_refused(engine):
+    from trajlake.errors import TrajlakeError
+
+    prompt = chat_ids(engine.tokenizer, "hi")
+    with pytest.raises(TrajlakeError, match="top_p 0.9 < 1: vLLM's log-probs would be taken after the nucleus cut"):
+        engine.generate([Request("t", prompt, [])], SamplingParams(temperature=1.0, top_p=0.9))
+    with pytest.raises(TrajlakeError, match="vLLM samples at temperature 0 to 2, got 3.0"):
+        engine.generate([Request("t", prompt, [])], SamplingParams(temperature=3.0))

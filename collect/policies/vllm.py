@@ -2,8 +2,9 @@
 transformers one.
 
 Prompts go in as token ids (TokensPrompt), so replies extend exactly the stored context; vLLM returns the
-sampled ids with their logprobs, taken after temperature and top-p (`logprobs_mode = processed_logprobs`), the
-distribution the token was drawn from, as the trainer recomputes it. Replies stop at the chat template's end
+sampled ids with their logprobs, taken after temperature (`logprobs_mode = processed_logprobs`), as the trainer
+recomputes them; top_p < 1 is refused, since vLLM would take them after the nucleus cut, which the trainer and
+the transformers policy do not. Replies stop at the chat template's end
 of turn (the same stop ids as the transformers policy). Each request is seeded from the run's seed, the
 episode and its context length, so a run is reproducible whatever the batching.
 
@@ -97,6 +98,10 @@ class VLLMPolicy(Policy):
     def generate(self, requests: list[Request], params: SamplingParams) -> list[Generation]:
         if params.temperature > 2:
             raise TrajlakeError(f"{self.policy_id}: vLLM samples at temperature 0 to 2, got {params.temperature}")
+        if params.top_p < 1 and params.temperature > 0:
+            raise TrajlakeError(f"{self.policy_id}: top_p {params.top_p} < 1: vLLM's log-probs would be taken after "
+                                "the nucleus cut, which the trainer (and the transformers policy) do not apply; use "
+                                "top_p 1 with vllm:, or an hf: policy")
         from vllm import SamplingParams as VSampling
         from vllm.inputs import TokensPrompt
 
