@@ -16,8 +16,9 @@ from trajlake.errors import TrajlakeError
 
 #: the longest id a user may name (the store keeps longer ids from imports; they are encoded for paths)
 MAX_ID_LENGTH = 128
-#: a user-given run id: starts with a letter or digit; letters, digits, `.`, `_`, `-` after it
-_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
+#: a user-given id: `/`-separated parts (a train run's collect runs are `RUN/it-N`), each starting with a letter or
+#: digit, then letters, digits, `.`, `_`, `-`
+_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*(/[A-Za-z0-9][A-Za-z0-9._-]*)*")
 #: the longest file name `path_component` returns (file systems allow 255 bytes; room for a suffix)
 _MAX_NAME = 200
 
@@ -37,8 +38,8 @@ def check_id(value: str | None, what: str = "run id") -> str | None:
     if len(value) > MAX_ID_LENGTH:
         raise InvalidIdError(f"{what} is {len(value)} characters long; at most {MAX_ID_LENGTH}")
     if not _ID.fullmatch(value) or ".." in value:
-        raise InvalidIdError(f"{what} {value!r} may hold only letters, digits, '.', '_' and '-' (starting with a "
-                             "letter or digit, no '..'): it names folders and URLs")
+        raise InvalidIdError(f"{what} {value!r} may hold only letters, digits, '.', '_', '-' and '/' between "
+                             "parts (each starting with a letter or digit, no '..'): it names folders and URLs")
     return value
 
 
