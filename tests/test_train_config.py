@@ -117,3 +117,91 @@ def test_every_field_is_documented():
 def test_example_configs_load(name):
     c = load_config(CONFIGS / name)
     assert c.algo in ("grpo", "ppo", "sft")
+
+
+# ---- numbers and ids: finite, in range, checked before any rule divides by them ----------------------------
+
+@pytest.mark.parametrize("kw, message", [
+    (dict(lr=float("inf")), "train config: lr must be a finite number, got inf"),
+    (dict(lr=float("nan")), "train config: lr must be a finite number, got nan"),
+    (dict(lr=0.0), "train config: lr must be > 0, got 0.0"),
+    (dict(lr=-1e-5), "train config: lr must be > 0, got -1e-05"),
+    (dict(critic_lr=float("-inf")), "train config: critic_lr must be a finite number, got -inf"),
+    (dict(gamma=float("nan")), "train config: gamma must be a finite number, got nan"),
+    (dict(kl_coef=float("inf")), "train config: kl_coef must be a finite number, got inf"),
+    (dict(weight_decay=-0.1), "train config: weight_decay must be >= 0, got -0.1"),
+    (dict(temperature=float("inf")), "train config: temperature must be a finite number, got inf"),
+    (dict(temperature=1000.0), "train config: temperature must be > 0 for training rollouts (log-probs use "
+                               "logits / temperature) and at most 100, got 1000.0"),
+    # micro_batch = 0 was a ZeroDivisionError (minibatch_size % micro_batch)
+    (dict(micro_batch=0), "train config: micro_batch must be >= 1, got 0"),
+    (dict(minibatch_size=0), "train config: minibatch_size must be >= 1, got 0"),
+    (dict(grad_accum=0), "train config: grad_accum must be >= 1, got 0"),
+    (dict(tasks=0), "train config: tasks must be >= 1, got 0"),
+    (dict(iterations=-1), "train config: iterations must be >= 0, got -1"),
+    (dict(critic_warmup=-1), "train config: critic_warmup must be >= 0, got -1"),
+    # sft_steps = 10**23 trained without end
+    (dict(sft_steps=10**23), "train config: sft_steps must be at most 10_000_000 (the cap on counts: far beyond "
+                             "any run), got 100000000000000000000000"),
+    (dict(iterations=10_000_001), "train config: iterations must be at most 10_000_000"),
+    (dict(max_new_tokens=10**12), "train config: max_new_tokens must be at most 10_000_000"),
+    (dict(seed=-1), "train config: seed must be >= 0, got -1"),
+    (dict(seed=2**40), "train config: seed must be at most 2_147_483_647, got 1099511627776"),
+    (dict(sft_snapshot=2**64), "train config: sft_snapshot must be at most 9_223_372_036_854_775_807"),
+    # an empty run id is refused, not replaced by a generated one; a run id names folders
+    (dict(run_id=""), "train config: run_id must not be empty"),
+    (dict(run_id="   "), "train config: run_id must not be empty"),
+    (dict(run_id="../../outside/escaped"), "train config: run_id '../../outside/escaped' may hold only letters"),
+    (dict(run_id="/etc/x"), "train config: run_id '/etc/x' may hold only letters"),
+    (dict(run_id="a\\b"), "train config: run_id 'a\\\\b' may hold only letters"),
+    (dict(run_id="x" * 129), "train config: run_id is 129 characters long; at most 128"),
+])
+def test_numbers_and_run_ids_are_checked_naming_the_field(kw, message):
+    with pytest.raises(ConfigError) as e:
+        TrainConfig(model="m", **kw)
+    assert str(e.value).startswith(message), str(e.value)
+    assert "\n" not in str(e.value)
+
+
+def test_numbers_at_their_limits_are_valid():
+    from trajlake.train.config import MAX_COUNT
+
+    c = TrainConfig(model="m", lr=1e30, sft_steps=MAX_COUNT, iterations=0, seed=2**31 - 1, temperature=100.0,
+                    run_id="a.b_c-1", critic_warmup=0)
+    assert c.sft_steps == MAX_COUNT and c.lr == 1e30  # a huge finite lr is the user's to choose
+
+
+@pytest.mark.parametrize("line, message", [
+    ("lr = inf", "lr must be a finite number, got inf"),
+    ("lr = nan", "lr must be a finite number, got nan"),
+    ("sft_steps = 1e23", "sft_steps must be an integer, got 1e+23 (float)"),
+    ("sft_steps = 9223372036854775807", "sft_steps must be at most 10_000_000"),
+    ("micro_batch = 0", "micro_batch must be >= 1, got 0"),
+    ('run_id = ""', "run_id must not be empty"),
+])
+def test_toml_numbers_are_checked(tmp_path, line, message):
+    p = tmp_path / "c.toml"
+    p.write_text(f'model = "m"\n{line}\n')
+    with pytest.raises(ConfigError) as e:
+        load_config(p)
+    assert str(e.value) == f"{p}: train config: {message}" or str(e.value).startswith(f"{p}: train config: {message}")
+
+
+def test_checkpoint_folders_stay_inside_checkpoint_dir(tmp_path):
+    """A run id read back from a lake is data: whatever it holds, its checkpoints land in one folder inside
+    checkpoint_dir (`../../outside/escaped` wrote them outside), and a symlinked run folder is refused."""
+    from trajlake.errors import TrajlakeError
+    from trajlake.train.checkpoint import checkpoint_path
+
+    root = tmp_path / "ckpt"
+    assert checkpoint_path(root, "r1", 3) == root / "r1" / "step-3"
+    for rid in ("../../outside/escaped", "..", ".", "a/b", "a\\b", "x\x00y", "/etc/passwd", "é" * 300):
+        p = checkpoint_path(root, rid, 1)
+        assert p.parent.parent == root and p.resolve().is_relative_to(root.resolve()), (rid, p)
+        assert p.parent.name not in (".", "..") and "/" not in p.parent.name
+    assert checkpoint_path(root, "a/b", 1) != checkpoint_path(root, "a_b", 1)  # distinct ids, distinct folders
+    root.mkdir()
+    (tmp_path / "elsewhere").mkdir()
+    (root / "linked").symlink_to(tmp_path / "elsewhere")
+    with pytest.raises(TrajlakeError, match=r"^run 'linked': its checkpoint folder .* outside checkpoint_dir"):
+        checkpoint_path(root, "linked", 1)

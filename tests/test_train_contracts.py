@@ -99,6 +99,24 @@ def test_cli_train_user_errors_name_the_field_and_write_nothing(lake, model, tmp
         assert w in line, line
 
 
+@pytest.mark.parametrize("line, args, message", [
+    ("lr = inf", (), "lr must be a finite number, got inf"),  # exited 0, storing a checkpoint of NaN weights
+    ("micro_batch = 0", (), "micro_batch must be >= 1, got 0"),  # was a ZeroDivisionError traceback
+    ("sft_steps = 1e23", (), "sft_steps must be an integer, got 1e+23 (float)"),
+    ("sft_steps = 100000000000000000", (), "sft_steps must be at most 10_000_000"),  # trained without end
+    ("temperature = inf", (), "temperature must be a finite number, got inf"),
+    ("", ("--run-id", ""), "run_id must not be empty"),  # was replaced by a generated id
+    ("", ("--run-id", "../../outside/escaped"), "run_id '../../outside/escaped' may hold only letters"),
+])
+def test_cli_train_refuses_bad_numbers_and_run_ids_in_one_line(lake, model, tmp_path, capsys, line, args, message):
+    lake.close()
+    key = line.split(" =")[0]
+    toml = "".join(x + "\n" for x in sft_toml(model).splitlines() if not x.startswith(f"{key} =")) + line + "\n"
+    got = cli_refused(tmp_path, capsys, toml, *(args or ("--run-id", "s1")))
+    assert got.startswith("error: ") and message in got, got
+    assert not (tmp_path / "outside").exists()
+
+
 def test_an_sft_filter_is_one_expression_not_a_statement(lake, model):
     """The filter is pasted into queries and DuckDB runs every statement it is given: a `;` is refused before
     any query runs, so the episodes are still there."""

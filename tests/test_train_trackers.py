@@ -33,14 +33,14 @@ def test_grpo_reports_to_tensorboard_and_wandb_offline(tmp_path, tmp_path_factor
     monkeypatch.delenv("WANDB_MODE", raising=False)
     monkeypatch.setenv("HOME", str(tmp_path))  # no ~/.netrc login: W&B must go offline by itself
     model = tiny_model_dir(tmp_path_factory)
-    cfg = small_cfg(model, run_id="tb/run", tasks=2, samples=2, iterations=2, minibatch_size=4, micro_batch=2,
+    cfg = small_cfg(model, run_id="tb-run", tasks=2, samples=2, iterations=2, minibatch_size=4, micro_batch=2,
                     reward_spec=varied_spec(tmp_path), checkpoint_dir=str(tmp_path / "ckpt"),
                     report_to=["tensorboard", "wandb"])
     with Lake.open(str(tmp_path / "lake")) as lake:
         res = train(cfg, lake)
         stored = {r["step"]: json.loads(r["metrics"]) if isinstance(r["metrics"], str) else r["metrics"]
-                  for r in lake.query("SELECT step, metrics FROM train_steps WHERE run_id = 'tb/run'").to_dicts()}
-    folder = tmp_path / "ckpt" / "tb_run"
+                  for r in lake.query("SELECT step, metrics FROM train_steps WHERE run_id = 'tb-run'").to_dicts()}
+    folder = tmp_path / "ckpt" / "tb-run"
     events = EventAccumulator(str(folder / "tensorboard"))
     events.Reload()
     tags = set(events.Tags()["scalars"])

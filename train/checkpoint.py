@@ -1,6 +1,7 @@
 """Checkpoints as policy versions in the store, and resuming a run from its last one.
 
-A checkpoint is a folder `<checkpoint_dir>/<run_id>/step-<n>` holding the actor as safetensors and its
+A checkpoint is a folder `<checkpoint_dir>/<run_id>/step-<n>` (the run id as one safe file name:
+`checkpoint_path`) holding the actor as safetensors and its
 tokenizer (save_pretrained; under ZeRO-3 the partitioned weights are gathered on rank 0 first), so
 `collect --policy policy:ID` and `hf:PATH` load it as any model; with `save_optimizer`, also the DeepSpeed
 state of the actor and the critic (`deepspeed/`) and the trainer's own state (`trainer_state.json`).
@@ -22,6 +23,7 @@ import torch
 
 from trajlake.clock import utc_now
 from trajlake.errors import TrajlakeError
+from trajlake.ids import path_component
 from trajlake.schemas import Policy as PolicyRow
 from trajlake.schemas import TrainStep
 from trajlake.store import Lake
@@ -39,7 +41,16 @@ def policy_id_for(run_id: str, step: int) -> str:
 
 
 def checkpoint_path(checkpoint_dir: str | Path, run_id: str, step: int) -> Path:
-    return (Path(checkpoint_dir) / run_id.replace("/", "_") / f"step-{step}").absolute()
+    """`<checkpoint_dir>/<run folder>/step-<step>`, absolute. The run id becomes one file name (ids.path_component:
+    no separator, `..` or control character survives), and the resolved path is checked to lie inside the
+    resolved checkpoint_dir: a run id can come from a lake (`run:ID`, a stored config), which is data, not
+    something this process chose (`../../outside/escaped` wrote checkpoints outside the folder)."""
+    root = Path(checkpoint_dir).absolute()
+    path = root / path_component(run_id) / f"step-{int(step)}"
+    if not path.resolve().is_relative_to(root.resolve()):  # e.g. a symlinked run folder pointing elsewhere
+        raise TrajlakeError(f"run {run_id!r}: its checkpoint folder {path} resolves to {path.resolve()}, outside "
+                            f"checkpoint_dir {root.resolve()}; remove that link or use another checkpoint_dir")
+    return path
 
 
 def save(engines: E.Engines, path: Path, *, state: dict[str, Any], save_optimizer: bool) -> None:

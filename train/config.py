@@ -2,7 +2,8 @@
 
 `load_config(path)` reads it from TOML (flat keys, the field names below; an unknown key is an error naming
 it). `TrainConfig(...)` raises `ConfigError` naming the field when a value has the wrong type (checked from the
-annotations) and saying what to fix when fields disagree with each other.
+annotations), when a number is not finite or out of its range, and saying what to fix when fields disagree
+with each other (the rules: train/config_checks.py).
 
 A run's settings are stored once, in its `runs.config` row; restarting the same run id resumes it only with
 the same RUN_FIELDS (see `TrainConfig.differences` and RESUMABLE_FIELDS below).
@@ -18,25 +19,21 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 from trajlake.collect.config import RolloutConfig
+from trajlake.config_types import check_field_types
 from trajlake.errors import TrajlakeError
-from trajlake.train.algos import ADVANTAGES, AGG_MODES, KL_CONTROLLERS, KL_ESTIMATORS, POLICY_LOSSES, VALUE_LOSSES
-from trajlake.train.algos.turns import TURN_BASELINES
-from trajlake.train.trackers import TRACKERS
-
-ALGOS = ("grpo", "ppo", "sft")
-DTYPES = ("fp32", "bf16")
-#: rollout_engine -> the policy scheme its replicas load
-ROLLOUT_ENGINES = {"transformers": "hf", "vllm": "vllm"}
-OLD_LOGPROBS = ("recompute", "behaviour")
-KL_MODES = ("loss", "reward")
-#: advantage estimator used when `advantage` is not given
-DEFAULT_ADVANTAGE = {"grpo": "grpo", "ppo": "gae", "sft": "grpo"}
-#: the estimators that read a critic's values (algo ppo); every other one is critic-free (algo grpo)
-CRITIC_ADVANTAGES = ("gae", "turn_gae")
-
-
-class ConfigError(TrajlakeError):
-    """A train config is invalid; the message says which field and what to do."""
+from trajlake.train.config_checks import (  # noqa: F401  (the constants are this module's API too)
+    ALGOS,
+    CRITIC_ADVANTAGES,
+    DEFAULT_ADVANTAGE,
+    DTYPES,
+    KL_MODES,
+    MAX_COUNT,
+    OLD_LOGPROBS,
+    ROLLOUT_ENGINES,
+    ConfigError,
+    check_numbers,
+    check_train_config,
+)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -65,7 +62,8 @@ class TrainConfig(RolloutConfig):
     """grpo (group-relative advantages, no critic), ppo (GAE with a critic) or sft (cross-entropy on a
     filtered store query; `sft_filter`, `sft_steps`)."""
     run_id: str | None = None
-    """Run id. A run restarted with the same id resumes from its last checkpoint; None makes a new id."""
+    """Run id. A run restarted with the same id resumes from its last checkpoint; None makes a new id. A given
+    one is a safe id (trajlake.ids.check_id: letters, digits, '.', '_', '-'; not empty): it names folders."""
     checkpoint_dir: str = "checkpoints"
     """Folder for checkpoints: each is `<checkpoint_dir>/<run_id>/step-<n>` and a row in `policies`."""
     seed: int = 0
@@ -223,116 +221,12 @@ class TrainConfig(RolloutConfig):
     tensorboard (`<checkpoint_dir>/<run_id>/tensorboard`), wandb (online when logged in, else offline)."""
 
     def __post_init__(self):
-        super().__post_init__()  # types first, then RolloutConfig's checks
-        from trajlake.collect.envs.base import SPLITS
-
-        adv = self.advantage or DEFAULT_ADVANTAGE.get(self.algo, "grpo")
-        checks = [
-            (self.algo in ALGOS, f"algo must be one of {', '.join(ALGOS)}, got {self.algo!r}"),
-            (bool(self.model), "model is required: a model folder or policy:ID"),
-            (self.dtype in DTYPES, f"dtype must be one of {', '.join(DTYPES)}, got {self.dtype!r}"),
-            (self.zero_stage in (0, 1, 2, 3), f"zero_stage must be 0, 1, 2 or 3, got {self.zero_stage}"),
-            (self.old_logprobs in OLD_LOGPROBS,
-             f"old_logprobs must be one of {OLD_LOGPROBS}, got {self.old_logprobs!r}"),
-            (self.kl_mode in KL_MODES, f"kl_mode must be one of {KL_MODES}, got {self.kl_mode!r}"),
-            (adv in ADVANTAGES, f"unknown advantage {adv!r}; valid: {', '.join(ADVANTAGES.names())}"),
-            (self.policy_loss in POLICY_LOSSES,
-             f"unknown policy_loss {self.policy_loss!r}; valid: {', '.join(POLICY_LOSSES.names())}"),
-            (self.agg_mode in AGG_MODES, f"unknown agg_mode {self.agg_mode!r}; valid: {', '.join(AGG_MODES.names())}"),
-            (self.kl_estimator in KL_ESTIMATORS,
-             f"unknown kl_estimator {self.kl_estimator!r}; valid: {', '.join(KL_ESTIMATORS.names())}"),
-            (self.kl_controller in KL_CONTROLLERS,
-             f"unknown kl_controller {self.kl_controller!r}; valid: {', '.join(KL_CONTROLLERS.names())}"),
-            (self.value_loss in VALUE_LOSSES,
-             f"unknown value_loss {self.value_loss!r}; valid: {', '.join(VALUE_LOSSES.names())}"),
-            (self.tasks >= 1 and self.samples >= 1 and self.iterations >= 0,
-             "tasks and samples must be >= 1 and iterations >= 0"),
-            (self.temperature > 0, f"temperature must be > 0 for training rollouts, got {self.temperature}"),
-            (self.eval_split in SPLITS, f"eval_split must be one of {', '.join(SPLITS)}, got {self.eval_split!r}"),
-            (self.lr > 0 and self.critic_lr > 0, "lr and critic_lr must be > 0"),
-            (self.epochs >= 1, f"epochs must be >= 1, got {self.epochs}"),
-            (self.micro_batch >= 1, f"micro_batch must be >= 1, got {self.micro_batch}"),
-            (self.minibatch_size >= self.micro_batch,
-             f"minibatch_size ({self.minibatch_size}) must be >= micro_batch ({self.micro_batch})"),
-            (self.minibatch_size % self.micro_batch == 0,
-             f"minibatch_size ({self.minibatch_size}) must be a multiple of micro_batch ({self.micro_batch})"),
-            (self.grad_accum is None or (self.grad_accum >= 1
-                                         and self.minibatch_size % (self.micro_batch * self.grad_accum) == 0),
-             f"grad_accum ({self.grad_accum}) must be >= 1 with minibatch_size ({self.minibatch_size}) a multiple "
-             f"of micro_batch * grad_accum ({self.micro_batch} * {self.grad_accum}); or leave grad_accum unset"),
-            (self.grad_clip >= 0, f"grad_clip must be >= 0, got {self.grad_clip}"),
-            (self.kl_coef >= 0 and self.entropy_coef >= 0, "kl_coef and entropy_coef must be >= 0"),
-            (self.kl_controller != "adaptive" or (self.kl_target and self.kl_horizon),
-             "kl_controller adaptive needs kl_target > 0 and kl_horizon > 0"),
-            (self.kl_controller != "adaptive" or self.kl_coef > 0,
-             "kl_controller adaptive needs a starting kl_coef > 0"),
-            (self.policy_loss != "dual_clip" or self.clip_c > 1, f"dual_clip needs clip_c > 1, got {self.clip_c}"),
-            (self.is_cap is None or self.is_cap > 0, f"is_cap must be > 0, got {self.is_cap}"),
-            (self.is_cap is None or self.old_logprobs == "recompute",
-             "is_cap applies with old_logprobs = recompute (with behaviour the ratio is the importance weight)"),
-            (self.eval_every >= 0 and self.eval_tasks >= 1, "eval_every must be >= 0 and eval_tasks >= 1"),
-            (self.sft_steps >= 1 and self.log_every >= 1 and self.checkpoint_every >= 0,
-             "sft_steps and log_every must be >= 1, checkpoint_every >= 0"),
-            (self.algo != "sft" or bool(self.sft_filter.strip()),
-             "algo sft needs sft_filter (SQL over episodes, e.g. \"success AND policy_id LIKE 'scripted:%'\")"),
-            (0 <= self.gamma <= 1 and 0 <= self.lam <= 1, "gamma and lam must be in [0, 1]"),
-            (self.rollout_engine in ROLLOUT_ENGINES,
-             f"unknown rollout_engine {self.rollout_engine!r}; valid: {', '.join(ROLLOUT_ENGINES)}"),
-            (all(t in TRACKERS for t in self.report_to),
-             f"unknown report_to {[t for t in self.report_to if t not in TRACKERS]}; valid: "
-             f"{', '.join(TRACKERS.names())}"),
-        ]
-        for ok, message in checks:
-            if not ok:
-                raise ConfigError(f"train config: {message}")
-        if self.algo == "ppo" and adv not in CRITIC_ADVANTAGES:
-            raise ConfigError(f"train config: algo ppo trains a critic for advantage {' or '.join(CRITIC_ADVANTAGES)}"
-                              f", got advantage {adv!r}; use algo grpo for critic-free estimators")
-        if self.algo == "grpo" and adv in CRITIC_ADVANTAGES:
-            raise ConfigError(f"train config: advantage {adv} needs a critic: use algo ppo")
-        self._check_stored_data()
-        self._check_env()
-        if self.turn_baseline not in TURN_BASELINES:
-            raise ConfigError(f"train config: unknown turn_baseline {self.turn_baseline!r}; valid: "
-                              f"{', '.join(TURN_BASELINES)}")
-        if self.algo == "grpo" and adv in ("grpo", "dr_grpo", "rloo", "gigpo") and self.samples < 2:
-            raise ConfigError(f"train config: {adv} compares the samples of a task: samples must be >= 2, "
-                              f"got {self.samples}")
-
-    def _check_stored_data(self) -> None:
-        """train_filter's and replay's rules: RL only, one off-policy correction, their settings together."""
-        if not 0 <= self.replay_ratio < 1 or self.replay_staleness < 1:
-            raise ConfigError(f"train config: replay_ratio must be in [0, 1) and replay_staleness >= 1, got "
-                              f"{self.replay_ratio} and {self.replay_staleness}")
-        if self.replay_filter is not None and self.replay_ratio == 0:
-            raise ConfigError("train config: replay_filter narrows what is replayed: set replay_ratio > 0 too")
-        if self.replay_ratio > 0:
-            if self.train_filter is not None or self.algo == "sft":
-                raise ConfigError("train config: replay_ratio mixes replayed rollouts into fresh ones: not with "
-                                  "train_filter (every episode is stored already) or algo sft")
-            if self.old_logprobs == "recompute" and self.is_cap is None:
-                raise ConfigError("train config: replay_ratio trains on earlier policies' rollouts: take the ratio "
-                                  "against their behaviour log-probs with old_logprobs = \"behaviour\", or truncated "
-                                  "importance weights with is_cap (e.g. 2.0)")
-        if self.train_snapshot is not None and self.train_filter is None:
-            raise ConfigError("train config: train_snapshot pins the episodes of train_filter: give train_filter too")
-        if self.train_filter is None:
-            return
-        if not self.train_filter.strip():
-            raise ConfigError("train config: train_filter is empty: give a SQL filter over episodes columns, or "
-                              "leave it out to collect fresh rollouts")
-        if self.algo == "sft":
-            raise ConfigError("train config: algo sft trains on sft_filter; train_filter is for grpo and ppo")
-        if self.old_logprobs == "recompute" and self.is_cap is None:
-            raise ConfigError("train config: train_filter trains on rollouts other policies played: take the ratio "
-                              "against their behaviour log-probs with old_logprobs = \"behaviour\", or truncated "
-                              "importance weights with is_cap (e.g. 2.0)")
-
-    def _check_env(self) -> None:
-        """An env that plays an AgentGym server has its URL wherever episodes are played (SFT without evals
-        plays none)."""
-        if self.algo != "sft" or self.eval_every > 0:
-            self.check_env_url()
+        # the types first (every rule below compares values), then the numbers' ranges (before any rule
+        # divides by one), then RolloutConfig's rules and this config's own (train/config_checks.py)
+        check_field_types(self, self.config_name, self.error_type)
+        check_numbers(self)
+        super().__post_init__()
+        check_train_config(self)
 
     # ---- derived ------------------------------------------------------------------------------------
     @property

@@ -87,7 +87,9 @@ def _stored_config(lake: Lake, run_id: str):
     if kind != "train":
         raise ReplayError(f"run {run_id} is a {kind} run: --replay recomputes a step of a train run")
     stored = json.loads(stored) if isinstance(stored, str) else dict(stored or {})
-    cfg = config_from_dict({**{k: v for k, v in stored.items() if k in FIELDS}, "progress": False},
+    # run_id left out: a replay writes nothing under it, and a run from before run ids were checked (`a/b`)
+    # still replays
+    cfg = config_from_dict({**{k: v for k, v in stored.items() if k in FIELDS}, "run_id": None, "progress": False},
                            f"run {run_id}'s stored config")
     if cfg.algo == "sft":
         raise ReplayError(f"run {run_id} is an sft run: --replay recomputes GRPO/PPO iterations (an SFT step "

@@ -1,0 +1,189 @@
+"""The rules a train config must follow (TrainConfig runs them at construction), kept apart from the fields
+they check so each file reads in one sitting.
+
+`check_numbers` runs first, on values whose types are already checked: every float finite, every integer in
+its range (a count >= 1 where 0 means nothing, and under MAX_COUNT), the run id a safe id. Only then do the
+cross-field rules of `check_train_config` compare and divide values (`minibatch_size % micro_batch` with
+micro_batch = 0 was a ZeroDivisionError). Every message names the field and says what to give instead.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import TYPE_CHECKING
+
+from trajlake.errors import TrajlakeError
+from trajlake.ids import InvalidIdError, check_id
+from trajlake.train.algos import ADVANTAGES, AGG_MODES, KL_CONTROLLERS, KL_ESTIMATORS, POLICY_LOSSES, VALUE_LOSSES
+from trajlake.train.algos.turns import TURN_BASELINES
+from trajlake.train.trackers import TRACKERS
+
+if TYPE_CHECKING:
+    from trajlake.train.config import TrainConfig
+
+ALGOS = ("grpo", "ppo", "sft")
+DTYPES = ("fp32", "bf16")
+#: rollout_engine -> the policy scheme its replicas load
+ROLLOUT_ENGINES = {"transformers": "hf", "vllm": "vllm"}
+OLD_LOGPROBS = ("recompute", "behaviour")
+KL_MODES = ("loss", "reward")
+#: advantage estimator used when `advantage` is not given
+DEFAULT_ADVANTAGE = {"grpo": "grpo", "ppo": "gae", "sft": "grpo"}
+#: the estimators that read a critic's values (algo ppo); every other one is critic-free (algo grpo)
+CRITIC_ADVANTAGES = ("gae", "turn_gae")
+
+#: The largest count (steps, iterations, tasks, batch sizes, token budgets) a config may ask for. Far beyond any
+#: run this trainer makes (10M optimizer steps of the tiny model take weeks), yet it turns a typo such as
+#: `sft_steps = 100000000000000000000000` into an error instead of a run that never ends.
+MAX_COUNT = 10_000_000
+#: seeds: seed + iteration seeds the rollout sampler, whose seeds are 32-bit (numpy, vLLM)
+MAX_SEED = 2**31 - 1
+#: snapshot ids are BIGINT in the catalog
+MAX_SNAPSHOT = 2**63 - 1
+#: Above this, logits / temperature samples nearly uniformly: not a policy worth training or evaluating.
+MAX_TEMPERATURE = 100.0
+#: integer fields with a range other than [0, MAX_COUNT]
+INT_RANGES = {"seed": (0, MAX_SEED), "train_snapshot": (0, MAX_SNAPSHOT), "sft_snapshot": (0, MAX_SNAPSHOT)}
+#: counts for which 0 means nothing (no tasks, empty batches, no steps): >= 1
+AT_LEAST_ONE = ("tasks", "samples", "epochs", "minibatch_size", "micro_batch", "grad_accum", "eval_tasks", "sft_steps",
+                "log_every", "replay_staleness", "max_turns", "max_new_tokens", "max_context_tokens", "concurrency",
+                "replicas")
+
+
+class ConfigError(TrajlakeError):
+    """A train config is invalid; the message says which field and what to do."""
+
+
+def check_numbers(c: TrainConfig) -> None:
+    """Every number finite and in range, and the run id a safe id: before any rule compares or divides them."""
+    import dataclasses
+
+    for f in dataclasses.fields(c):
+        v = getattr(c, f.name)
+        if isinstance(v, float) and not math.isfinite(v):
+            raise ConfigError(f"train config: {f.name} must be a finite number, got {v}")
+        if isinstance(v, int) and not isinstance(v, bool):
+            low, high = INT_RANGES.get(f.name, (1 if f.name in AT_LEAST_ONE else 0, MAX_COUNT))
+            if v < low:
+                raise ConfigError(f"train config: {f.name} must be >= {low}, got {v}")
+            if v > high:
+                cap = " (the cap on counts: far beyond any run)" if high == MAX_COUNT else ""
+                raise ConfigError(f"train config: {f.name} must be at most {high:_}{cap}, got {v}")
+    if not 0 < c.temperature <= MAX_TEMPERATURE:
+        raise ConfigError(f"train config: temperature must be > 0 for training rollouts (log-probs use logits / "
+                          f"temperature) and at most {MAX_TEMPERATURE:g}, got {c.temperature}")
+    try:
+        check_id(c.run_id, "run_id")
+    except InvalidIdError as e:  # an empty run id is refused, not replaced by a generated one
+        raise ConfigError(f"train config: {e}") from None
+
+
+def check_train_config(c: TrainConfig) -> None:
+    """Every rule of a TrainConfig (its field types and RolloutConfig's rules were checked before)."""
+    from trajlake.collect.envs.base import SPLITS
+
+    adv = c.advantage or DEFAULT_ADVANTAGE.get(c.algo, "grpo")
+    checks = [
+        (c.algo in ALGOS, f"algo must be one of {', '.join(ALGOS)}, got {c.algo!r}"),
+        (bool(c.model), "model is required: a model folder or policy:ID"),
+        (c.dtype in DTYPES, f"dtype must be one of {', '.join(DTYPES)}, got {c.dtype!r}"),
+        (c.zero_stage in (0, 1, 2, 3), f"zero_stage must be 0, 1, 2 or 3, got {c.zero_stage}"),
+        (c.old_logprobs in OLD_LOGPROBS,
+         f"old_logprobs must be one of {OLD_LOGPROBS}, got {c.old_logprobs!r}"),
+        (c.kl_mode in KL_MODES, f"kl_mode must be one of {KL_MODES}, got {c.kl_mode!r}"),
+        (adv in ADVANTAGES, f"unknown advantage {adv!r}; valid: {', '.join(ADVANTAGES.names())}"),
+        (c.policy_loss in POLICY_LOSSES,
+         f"unknown policy_loss {c.policy_loss!r}; valid: {', '.join(POLICY_LOSSES.names())}"),
+        (c.agg_mode in AGG_MODES, f"unknown agg_mode {c.agg_mode!r}; valid: {', '.join(AGG_MODES.names())}"),
+        (c.kl_estimator in KL_ESTIMATORS,
+         f"unknown kl_estimator {c.kl_estimator!r}; valid: {', '.join(KL_ESTIMATORS.names())}"),
+        (c.kl_controller in KL_CONTROLLERS,
+         f"unknown kl_controller {c.kl_controller!r}; valid: {', '.join(KL_CONTROLLERS.names())}"),
+        (c.value_loss in VALUE_LOSSES,
+         f"unknown value_loss {c.value_loss!r}; valid: {', '.join(VALUE_LOSSES.names())}"),
+        (c.eval_split in SPLITS, f"eval_split must be one of {', '.join(SPLITS)}, got {c.eval_split!r}"),
+        (c.lr > 0, f"lr must be > 0, got {c.lr}"),
+        (c.critic_lr > 0, f"critic_lr must be > 0, got {c.critic_lr}"),
+        (c.weight_decay >= 0, f"weight_decay must be >= 0, got {c.weight_decay}"),
+        (c.loss_norm_constant is None or c.loss_norm_constant > 0,
+         f"loss_norm_constant must be > 0 (or left unset), got {c.loss_norm_constant}"),
+        (c.minibatch_size >= c.micro_batch,
+         f"minibatch_size ({c.minibatch_size}) must be >= micro_batch ({c.micro_batch})"),
+        (c.minibatch_size % c.micro_batch == 0,
+         f"minibatch_size ({c.minibatch_size}) must be a multiple of micro_batch ({c.micro_batch})"),
+        (c.grad_accum is None or c.minibatch_size % (c.micro_batch * c.grad_accum) == 0,
+         f"grad_accum ({c.grad_accum}) needs minibatch_size ({c.minibatch_size}) to be a multiple "
+         f"of micro_batch * grad_accum ({c.micro_batch} * {c.grad_accum}); or leave grad_accum unset"),
+        (c.grad_clip >= 0, f"grad_clip must be >= 0, got {c.grad_clip}"),
+        (c.kl_coef >= 0 and c.entropy_coef >= 0, "kl_coef and entropy_coef must be >= 0"),
+        (c.kl_controller != "adaptive" or (c.kl_target and c.kl_horizon),
+         "kl_controller adaptive needs kl_target > 0 and kl_horizon > 0"),
+        (c.kl_controller != "adaptive" or c.kl_coef > 0,
+         "kl_controller adaptive needs a starting kl_coef > 0"),
+        (c.policy_loss != "dual_clip" or c.clip_c > 1, f"dual_clip needs clip_c > 1, got {c.clip_c}"),
+        (c.is_cap is None or c.is_cap > 0, f"is_cap must be > 0, got {c.is_cap}"),
+        (c.is_cap is None or c.old_logprobs == "recompute",
+         "is_cap applies with old_logprobs = recompute (with behaviour the ratio is the importance weight)"),
+        (c.algo != "sft" or bool(c.sft_filter.strip()),
+         "algo sft needs sft_filter (SQL over episodes, e.g. \"success AND policy_id LIKE 'scripted:%'\")"),
+        (0 <= c.gamma <= 1 and 0 <= c.lam <= 1, "gamma and lam must be in [0, 1]"),
+        (c.rollout_engine in ROLLOUT_ENGINES,
+         f"unknown rollout_engine {c.rollout_engine!r}; valid: {', '.join(ROLLOUT_ENGINES)}"),
+        (all(t in TRACKERS for t in c.report_to),
+         f"unknown report_to {[t for t in c.report_to if t not in TRACKERS]}; valid: "
+         f"{', '.join(TRACKERS.names())}"),
+    ]
+    for ok, message in checks:
+        if not ok:
+            raise ConfigError(f"train config: {message}")
+    if c.algo == "ppo" and adv not in CRITIC_ADVANTAGES:
+        raise ConfigError(f"train config: algo ppo trains a critic for advantage {' or '.join(CRITIC_ADVANTAGES)}"
+                          f", got advantage {adv!r}; use algo grpo for critic-free estimators")
+    if c.algo == "grpo" and adv in CRITIC_ADVANTAGES:
+        raise ConfigError(f"train config: advantage {adv} needs a critic: use algo ppo")
+    _check_stored_data(c)
+    _check_env(c)
+    if c.turn_baseline not in TURN_BASELINES:
+        raise ConfigError(f"train config: unknown turn_baseline {c.turn_baseline!r}; valid: "
+                          f"{', '.join(TURN_BASELINES)}")
+    if c.algo == "grpo" and adv in ("grpo", "dr_grpo", "rloo", "gigpo") and c.samples < 2:
+        raise ConfigError(f"train config: {adv} compares the samples of a task: samples must be >= 2, "
+                          f"got {c.samples}")
+
+
+def _check_stored_data(c: TrainConfig) -> None:
+    """train_filter's and replay's rules: RL only, one off-policy correction, their settings together."""
+    if not 0 <= c.replay_ratio < 1 or c.replay_staleness < 1:
+        raise ConfigError(f"train config: replay_ratio must be in [0, 1) and replay_staleness >= 1, got "
+                          f"{c.replay_ratio} and {c.replay_staleness}")
+    if c.replay_filter is not None and c.replay_ratio == 0:
+        raise ConfigError("train config: replay_filter narrows what is replayed: set replay_ratio > 0 too")
+    if c.replay_ratio > 0:
+        if c.train_filter is not None or c.algo == "sft":
+            raise ConfigError("train config: replay_ratio mixes replayed rollouts into fresh ones: not with "
+                              "train_filter (every episode is stored already) or algo sft")
+        if c.old_logprobs == "recompute" and c.is_cap is None:
+            raise ConfigError("train config: replay_ratio trains on earlier policies' rollouts: take the ratio "
+                              "against their behaviour log-probs with old_logprobs = \"behaviour\", or truncated "
+                              "importance weights with is_cap (e.g. 2.0)")
+    if c.train_snapshot is not None and c.train_filter is None:
+        raise ConfigError("train config: train_snapshot pins the episodes of train_filter: give train_filter too")
+    if c.train_filter is None:
+        return
+    if not c.train_filter.strip():
+        raise ConfigError("train config: train_filter is empty: give a SQL filter over episodes columns, or "
+                          "leave it out to collect fresh rollouts")
+    if c.algo == "sft":
+        raise ConfigError("train config: algo sft trains on sft_filter; train_filter is for grpo and ppo")
+    if c.old_logprobs == "recompute" and c.is_cap is None:
+        raise ConfigError("train config: train_filter trains on rollouts other policies played: take the ratio "
+                          "against their behaviour log-probs with old_logprobs = \"behaviour\", or truncated "
+                          "importance weights with is_cap (e.g. 2.0)")
+
+
+def _check_env(c: TrainConfig) -> None:
+    """An env that plays an AgentGym server has its URL wherever episodes are played (SFT without evals
+    plays none)."""
+    if c.algo != "sft" or c.eval_every > 0:
+        c.check_env_url()
+
