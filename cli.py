@@ -20,6 +20,7 @@ from trajlake.cli_options import rollout_options
 from trajlake.collect.config import CollectConfig
 from trajlake.errors import TrajlakeError
 from trajlake.evaluate.run import EvalConfig
+from trajlake.store.outputs import check_output_path
 
 app = typer.Typer(
     name="trajlake",
@@ -66,6 +67,8 @@ def sql(
         if query is None:
             display.shell(lake, snapshot=snapshot)
             return
+        if out is not None:
+            check_output_path(lake.catalog, out, "sql --out")
         display.emit(lake.query(query, snapshot=snapshot), fmt, out)
 
 
@@ -311,6 +314,7 @@ def report(
     from trajlake.evaluate.report import build_report
 
     with open_lake(read_only=True) as lake:
+        check_output_path(lake.catalog, out, "report --out")
         index = build_report(lake, out, runs=runs or None)
     display.console.print(f"report: {index}")
 

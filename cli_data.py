@@ -12,6 +12,7 @@ import typer
 
 from trajlake import display
 from trajlake.cli_common import open_lake
+from trajlake.store.outputs import check_output_path
 
 import_app = typer.Typer(help="Import trajectories from other tools' files.", no_args_is_help=True)
 model_app = typer.Typer(help="Build or convert models offline.", no_args_is_help=True)
@@ -35,6 +36,7 @@ def export(
         if where != "true" or spec is not None:
             raise typer.BadParameter("--where and --spec go with --dataset")
         with open_lake(read_only=True) as lake:
+            check_output_path(lake.catalog, path, "export")
             display.emit(lake.query(query, snapshot=snapshot), display.Format.parquet, path)
         return
     from trajlake.rewards import load_spec
@@ -42,6 +44,7 @@ def export(
 
     loaded = load_spec(spec) if spec else None
     with open_lake(read_only=spec is None) as lake:  # scoring with a spec writes its rewards first
+        check_output_path(lake.catalog, path, "export --dataset")
         n = export_dataset(lake, path, where, spec=loaded, snapshot=snapshot)
     display.console.print(f"{n} episodes exported to {path} (datasets.load_from_disk, or {path}/episodes.parquet)")
 
@@ -76,6 +79,7 @@ def view(
 
     with open_lake(read_only=True) as lake:
         if out is not None:
+            check_output_path(lake.catalog, out, "view --out")
             n = export_site(lake, out, snapshot=snapshot, spec=spec)
             display.console.print(f"viewer pages for {n} episodes in {out} (open {out / 'index.html'})")
             return

@@ -26,7 +26,7 @@ FROM ep LEFT JOIN (
 
 def episodes_cte(spec: RewardSpec, where: str | None, only_new: bool) -> str:
     """The episodes to score: `where` over episodes columns, minus those already scored by this spec."""
-    conds = [f"({where})"] if where else []
+    conds = [f"({where}\n)"] if where else []
     if only_new:
         # `lake.episode_rewards` is the latest table even when the query reads a pinned snapshot, so a re-run
         # at any snapshot skips what is already stored.

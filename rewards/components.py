@@ -23,6 +23,7 @@ from trajlake.errors import TrajlakeError
 from trajlake.registry import Registry
 from trajlake.schemas.tables import TABLES
 from trajlake.sql_text import sql_str
+from trajlake.store.sql_guard import check_filter
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -117,10 +118,12 @@ def check_sql(expr: str, table: str, what: str) -> None:
         raise TrajlakeError(f"{what} must be a non-empty SQL expression")
     extra = ", NULL::VARCHAR AS prev_observation" if table == "turns" else ""
     try:
-        _schema_db().execute(f"SELECT CAST(({expr}) AS DOUBLE) FROM (SELECT *{extra} FROM {table}) LIMIT 0")
+        duckdb.SQLExpression(expr)  # one expression: a `)` or `;` in it cannot end the query it is pasted into
+        _schema_db().execute(f"SELECT CAST(({expr}\n) AS DOUBLE) FROM (SELECT *{extra} FROM {table}) LIMIT 0")
     except duckdb.Error as e:
         msg = str(e).strip().splitlines()[0]
         raise TrajlakeError(f"{what} {expr!r} is not valid over {table} columns: {msg}") from None
+    check_filter(expr, what)  # and reads no table or catalog function: it runs on the connection that writes
 
 
 def check_regex(pattern: Any) -> None:
@@ -381,7 +384,7 @@ def _process_check(p):
 def process_turn_sql(p: dict) -> str:
     """A process component's per-turn value: 0 for a turn whose signal is unknown, unless `unknown = "false"`."""
     if p["expr"] is not None:
-        return f"CAST(({p['expr']}) AS DOUBLE)"
+        return f"CAST(({p['expr']}\n) AS DOUBLE)"
     signal, reward, penalty = SIGNALS[p["signal"]], _num(p["reward"]), _num(p["penalty"])
     if p["unknown"] == "false":
         return f"CASE WHEN coalesce({signal}, false) THEN {reward} ELSE {penalty} END"
@@ -416,7 +419,7 @@ register(ComponentKind(
     check=lambda p: check_sql(p["expr"], "episodes", "expr"),
     turn_columns=_none,
     aggregates=lambda n, p: {},
-    value=lambda n, p: f"CAST(({p['expr']}) AS DOUBLE)",
+    value=lambda n, p: f"CAST(({p['expr']}\n) AS DOUBLE)",
 ))
 
 

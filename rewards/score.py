@@ -23,6 +23,7 @@ from trajlake.rewards.components import get_kind
 from trajlake.rewards.spec import RewardSpec
 from trajlake.schemas import RewardSpecRow
 from trajlake.store import Lake
+from trajlake.store.sql_guard import check_filter
 
 
 class RewardValueError(TrajlakeError):
@@ -104,6 +105,7 @@ def check_where(where: str | None) -> None:
     except duckdb.Error as e:
         raise TrajlakeError(f"where {where!r} is not one SQL expression over episodes columns: "
                             f"{str(e).strip().splitlines()[0]}") from None
+    check_filter(where, "where")  # and it runs on the connection that writes: no table or catalog function
 
 
 def score(lake: Lake, spec: RewardSpec, *, snapshot: int | None = None, where: str | None = None,
@@ -158,7 +160,7 @@ def diff(lake: Lake, a: RewardSpec, b: RewardSpec, *, snapshot: int | None = Non
     score(lake, b, snapshot=snapshot, where=where)
     snap = lake.current_snapshot() if snapshot is None else int(snapshot)
     # the episodes compared are those the specs were asked to score: at the snapshot, matching `where`
-    scope = f"SELECT episode_id FROM lake.episodes AT (VERSION => {snap})" + (f" WHERE ({where})" if where else "")
+    scope = f"SELECT episode_id FROM lake.episodes AT (VERSION => {snap})" + (f" WHERE ({where}\n)" if where else "")
     pairs = DIFF_SQL.format(filter=f"e.episode_id IN ({scope})")
     params = [a.spec_id, b.spec_id]
     summary = lake.query(DIFF_SUMMARY_SQL.format(diff=pairs), params)

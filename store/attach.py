@@ -11,6 +11,7 @@ import duckdb
 
 from trajlake.errors import CatalogError, LakeLockedError, TrajlakeError
 from trajlake.store import extensions, objectstore
+from trajlake.store.sql_guard import check_query
 from trajlake.store.uri import CatalogURI
 
 ALIAS = "lake"
@@ -92,6 +93,9 @@ def check_read_only(sql: str) -> None:
     if kinds[0] == "EXPLAIN":
         inner = re.sub(r"^\s*EXPLAIN\s+(ANALY[SZ]E\s+)?", "", statements[0].query, flags=re.IGNORECASE)
         check_read_only(inner)
+        return
+    # a read-only attach refuses a maintenance function's commit only after it deleted or wrote files
+    check_query(statements[0].query)
 
 
 def _first_line(msg: str) -> str:

@@ -41,13 +41,13 @@ SELECT {episode}, r.kind AS run_kind, r.config::VARCHAR AS run_config, r.parent_
        t.env AS task_env, {task},
        (SELECT list({{{turn}}} ORDER BY u.turn) FROM turns u WHERE u.episode_id = e.episode_id) AS turns
 FROM episodes e LEFT JOIN runs r USING (run_id) LEFT JOIN tasks t USING (task_id)
-WHERE e.episode_id IN (SELECT episode_id FROM episodes WHERE ({where})) ORDER BY e.episode_id
+WHERE e.episode_id IN (SELECT episode_id FROM episodes WHERE ({where}\n)) ORDER BY e.episode_id
 """
 
 REWARDS_SQL = """
 SELECT r.episode_id, r.total, list({{'position': k.position, 'reward': k.reward}}) AS tokens
 FROM episode_rewards r LEFT JOIN token_rewards k USING (spec_id, episode_id)
-WHERE r.spec_id = ? AND r.episode_id IN (SELECT episode_id FROM episodes WHERE ({where}))
+WHERE r.spec_id = ? AND r.episode_id IN (SELECT episode_id FROM episodes WHERE ({where}\n))
 GROUP BY r.episode_id, r.total
 """
 

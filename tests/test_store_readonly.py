@@ -46,8 +46,8 @@ WRITES = {
     "INSTALL httpfs": "LOAD statements are refused",
     "VACUUM": "VACUUM statements are refused",
     "   ": "no SQL statement given",
-    # a read statement whose table function would write: the read-only attach stops it
-    "SELECT * FROM ducklake_expire_snapshots('lake', older_than => now())": "read-only mode",
+    # a read statement whose table function would write: refused before it runs (tests/test_sql_guard.py has all)
+    "SELECT * FROM ducklake_expire_snapshots('lake', older_than => now())": "refused: ducklake_expire_snapshots()",
 }
 
 

@@ -26,7 +26,7 @@ from trajlake.store import Lake
 from trajlake.train.turn_structure import step_keys_from_observations, turn_index_from_lengths
 
 EPISODES_SQL = """
-WITH ep AS (SELECT * FROM episodes WHERE ({where}) AND status IS DISTINCT FROM 'error')
+WITH ep AS (SELECT * FROM episodes WHERE ({where}\n) AND status IS DISTINCT FROM 'error')
 SELECT ep.episode_id, ep.group_id, ep.task_id, ep.policy_id, coalesce(ep.success, false) AS success,
        t.turn, t.observation, t.prompt_token_ids, t.response_token_ids, t.response_logprobs
 FROM ep JOIN turns t USING (episode_id)
@@ -36,7 +36,7 @@ ORDER BY ep.episode_id, t.turn
 #: with a spec: the same rows plus each episode's total and reward spans (lists, repeated on each of its
 #: turns), in one query (one pinned read)
 SCORED_SQL = """
-WITH ep AS MATERIALIZED (SELECT * FROM episodes WHERE ({where}) AND status IS DISTINCT FROM 'error'),
+WITH ep AS MATERIALIZED (SELECT * FROM episodes WHERE ({where}\n) AND status IS DISTINCT FROM 'error'),
 tot AS (SELECT episode_id, total FROM episode_rewards WHERE spec_id = ? AND episode_id IN (SELECT episode_id FROM ep)),
 rw AS (SELECT episode_id, list(position) AS positions, list(length) AS lengths, list(reward) AS rewards
        FROM reward_spans WHERE spec_id = ? AND episode_id IN (SELECT episode_id FROM ep) GROUP BY episode_id)
@@ -67,7 +67,7 @@ class EpisodeSeq:
         return len(self.ids)
 
 
-COUNT_SQL = "SELECT count(*) AS n FROM episodes WHERE ({where}) AND status IS DISTINCT FROM 'error'"
+COUNT_SQL = "SELECT count(*) AS n FROM episodes WHERE ({where}\n) AND status IS DISTINCT FROM 'error'"
 
 
 def check_episode_filter(lake: Lake, where: str, *, field: str, snapshot: int | None = None) -> int:
@@ -77,6 +77,7 @@ def check_episode_filter(lake: Lake, where: str, *, field: str, snapshot: int | 
     statement of its own (the filter is pasted into queries, and DuckDB runs every statement it is given)."""
     import duckdb
 
+    from trajlake.store.sql_guard import UnsafeSQLError, check_filter
     from trajlake.train.config import ConfigError
 
     def refuse(reason: str) -> ConfigError:
@@ -86,6 +87,10 @@ def check_episode_filter(lake: Lake, where: str, *, field: str, snapshot: int | 
         duckdb.SQLExpression(where)  # parses one expression, or raises
     except duckdb.Error as e:
         raise refuse(str(e).strip().splitlines()[0]) from None
+    try:  # the filter runs on the connection that writes: no table function, catalog function or other table
+        check_filter(where, f"train config: {field}")
+    except UnsafeSQLError as e:
+        raise ConfigError(str(e)) from None
     try:
         return int(lake.query(COUNT_SQL.format(where=where), snapshot=snapshot)["n"][0])
     except SnapshotError:

@@ -29,12 +29,12 @@ GROUP_ADVANTAGES = ("grpo", "dr_grpo", "rloo", "gigpo")
 
 GROUPS_SQL = """
 SELECT coalesce(group_id, episode_id) AS g, count(*) AS n FROM episodes
-WHERE ({where}) AND status IS DISTINCT FROM 'error' GROUP BY g ORDER BY g
+WHERE ({where}\n) AND status IS DISTINCT FROM 'error' GROUP BY g ORDER BY g
 """
 
 TEXT_ONLY_SQL = """
 SELECT e.episode_id, e.policy_id, count(*) OVER () AS n FROM episodes e
-WHERE ({where}) AND e.status IS DISTINCT FROM 'error' AND EXISTS (
+WHERE ({where}\n) AND e.status IS DISTINCT FROM 'error' AND EXISTS (
     SELECT 1 FROM turns t WHERE t.episode_id = e.episode_id AND t.num_response_tokens > 0
     AND t.response_logprobs IS NULL)
 ORDER BY e.episode_id LIMIT 1
