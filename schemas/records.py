@@ -126,6 +126,17 @@ class TrainStep:
     episode_ids: tuple[str, ...] | None = None
 
 
+@dataclass(frozen=True)
+class RunLease:
+    run_id: str
+    stage: str | None = None
+    host: str | None = None
+    pid: int | None = None
+    process_start: str | None = None
+    token: str | None = None
+    acquired_at: datetime | None = None
+
+
 RECORD_TYPES: dict[str, type] = {
     "tasks": Task,
     "runs": Run,
@@ -136,6 +147,7 @@ RECORD_TYPES: dict[str, type] = {
     "episode_rewards": EpisodeReward,
     "turn_rewards": TurnReward,
     "train_steps": TrainStep,
+    "run_leases": RunLease,
 }
 TABLE_OF: dict[type, str] = {cls: name for name, cls in RECORD_TYPES.items()}
 

@@ -230,9 +230,26 @@ TRAIN_STEPS = TableDef(
     "Metrics of one training step, with the snapshot its batch was read from and what it trained on.",
 )
 
+RUN_LEASES = TableDef(
+    "run_leases",
+    pa.schema([
+        _f("run_id", pa.string(), False),
+        _f("stage", pa.string()),
+        # the holder: a process on a host; process_start tells a reused pid apart (store/lease.py)
+        _f("host", pa.string()),
+        _f("pid", pa.int64()),
+        _f("process_start", pa.string()),
+        _f("token", pa.string()),
+        _f("acquired_at", TIMESTAMP),
+    ]),
+    ("run_id",),
+    "The live process running a run (one per run id): taken when a run starts writing, released when it ends.",
+)
+
 TABLES: dict[str, TableDef] = {
     t.name: t
-    for t in (TASKS, RUNS, POLICIES, EPISODES, TURNS, REWARD_SPECS, EPISODE_REWARDS, TURN_REWARDS, TRAIN_STEPS)
+    for t in (TASKS, RUNS, POLICIES, EPISODES, TURNS, REWARD_SPECS, EPISODE_REWARDS, TURN_REWARDS, TRAIN_STEPS,
+              RUN_LEASES)
 }
 
 
