@@ -9,10 +9,13 @@ A section with no data yet says what produces it instead of plotting.
 
 from __future__ import annotations
 
+import base64
+import hashlib
 import html
 import math
 import re
 from pathlib import Path
+from urllib.parse import quote
 
 import polars as pl
 from matplotlib.backends.backend_agg import FigureCanvasAgg
@@ -139,6 +142,13 @@ th { background: #f0f0f0; } td.num { text-align: right; } img { max-width: 100%;
 .empty { color: #8a6d3b; background: #fcf8e3; padding: .6em; } .meta { color: #666; }
 """
 
+# The page runs no script and loads only its own plots: its policy says so, so that a value from the lake that
+# ever slipped past html.escape still could not run or load anything. ('self' plus file: because the page is
+# most often opened from disk.)
+_STYLE_HASH = base64.b64encode(hashlib.sha256(STYLE.encode()).digest()).decode()
+CSP = (f"default-src 'none'; style-src 'sha256-{_STYLE_HASH}'; img-src 'self' file:; base-uri 'none'; "
+       "form-action 'none'")
+
 
 def _extremes(lake: Lake, snap: int, key: str, viewer_url: str, runs: list[str]) -> str:
     """The links from a section to the viewer's pages of its worst and best episodes ('' when it has none);
@@ -148,8 +158,9 @@ def _extremes(lake: Lake, snap: int, key: str, viewer_url: str, runs: list[str])
     items = []
     sql = EXTREMES[key].replace("{runs}", _run_filter(runs, *FILTERED.get(key, ("", ()))))
     for label, spec, worst, best in lake.query(sql, snapshot=snap).rows():
-        q = f"?spec={spec}" if spec else ""
-        links = [f'<a href="{viewer_url}episode/{eid}{q}">{what}</a>'
+        # ids and spec ids come from data: each one URL component, then the whole URL escaped as an attribute
+        q = f"?spec={quote(spec, safe='')}" if spec else ""
+        links = [f'<a href="{html.escape(viewer_url + "episode/" + quote(eid, safe="") + q)}">{what}</a>'
                  for what, eid in (("worst", worst), ("best", best)) if eid]
         if links:
             items.append(f"{html.escape(str(label))}: {' · '.join(links)}")
@@ -196,7 +207,9 @@ def build_report(lake: Lake, out_dir, runs: list[str] | None = None, viewer_url:
     nav = " · ".join(f'<a href="#{k}">{html.escape(t[0])}</a>' for k, t in SECTIONS.items())
     shown = ", ".join(runs) if runs else "all"
     when = utc_now().strftime("%Y-%m-%d %H:%M UTC")
-    page = (f"<!doctype html>\n<html><head><meta charset=\"utf-8\"><title>trajlake report</title>"
+    page = (f"<!doctype html>\n<html><head><meta charset=\"utf-8\">"
+            f"<meta http-equiv=\"Content-Security-Policy\" content=\"{html.escape(CSP)}\">"
+            "<title>trajlake report</title>"
             f"<style>{STYLE}</style></head><body>\n<h1>trajlake report</h1>\n"
             f"<p class=\"meta\">Lake snapshot {snap} (rerun any query with <code>trajlake sql -s {snap} \"...\""
             f"</code>) · runs: {html.escape(shown)} · generated {when}</p>\n<nav>{nav}</nav>\n"
@@ -234,6 +247,12 @@ def _table(df: pl.DataFrame, _png: Path | None = None) -> str:
     return f"<table><tr>{head}</tr>\n" + "\n".join(rows) + "</table>"
 
 
+def _plain(text) -> str:
+    """Text from data as a plot label: matplotlib reads `$...$` as math and raises on what it cannot parse (a
+    run id or spec name holding `$\\frac{$` stopped the report); an escaped `$` is a dollar sign."""
+    return str(text).replace("$", r"\$")
+
+
 def _save(fig: Figure, png: Path) -> str:
     fig.tight_layout()
     FigureCanvasAgg(fig).print_png(str(png))
@@ -258,7 +277,7 @@ def _lines(df: pl.DataFrame, png: Path, panels: list[tuple[str, list[str]]]) -> 
         for col in cols:
             for run_id, x, y in _series(df, col):
                 style = {"marker": "o", "linestyle": "--"} if col.startswith("eval") else {"marker": "."}
-                ax.plot(x, y, label=run_id if len(cols) == 1 else f"{run_id} {col}", **style)
+                ax.plot(x, y, label=_plain(run_id if len(cols) == 1 else f"{run_id} {col}"), **style)
         ax.set_title(title)
         ax.set_xlabel("step")
         ax.xaxis.set_major_locator(MaxNLocator(integer=True))
@@ -287,7 +306,7 @@ def _rewards(df: pl.DataFrame, png: Path) -> str:
     for i, spec in enumerate(specs):
         ax = fig.add_subplot(math.ceil(len(specs) / cols), cols, i + 1)
         ax.hist(df.filter(pl.col("spec") == spec)["total"].to_list(), bins=20)
-        ax.set_title(spec, fontsize=9)
+        ax.set_title(_plain(spec), fontsize=9)
         ax.set_xlabel("episode total")
         ax.set_ylabel("episodes")
     return _save(fig, png)
@@ -300,7 +319,7 @@ def _turns(df: pl.DataFrame, png: Path) -> str:
         g = df.filter(pl.col("env") == env)
         ax = fig.add_subplot(math.ceil(len(envs) / cols), cols, i + 1)
         ax.bar(g["num_turns"].to_list(), g["episodes"].to_list())
-        ax.set_title(env, fontsize=9)
+        ax.set_title(_plain(env), fontsize=9)
         ax.set_xlabel("turns")
         ax.set_ylabel("episodes")
         ax.xaxis.set_major_locator(MaxNLocator(integer=True))

@@ -11,13 +11,12 @@ episodes, or one episode under two specs, go side by side (`compare`).
 
 from __future__ import annotations
 
-import html
 import json
 from functools import lru_cache
-from typing import Any
-from urllib.parse import quote
 
 from trajlake.errors import TrajlakeError
+from trajlake.evaluate.viewer_html import attrs, esc, link, page, url_part
+from trajlake.ids import path_component
 
 RUNS_SQL = """
 SELECT r.run_id, r.kind, r.status, r.parent_run_id, count(e.episode_id) AS episodes,
@@ -32,9 +31,11 @@ FROM episodes e LEFT JOIN episode_rewards r ON r.episode_id = e.episode_id AND r
 WHERE e.run_id = ? ORDER BY e.episode_id
 """
 EPISODE_SQL = """
-SELECT e.*, r.total AS reward, (r.total - avg(r.total) OVER g) / nullif(stddev_samp(r.total) OVER g, 0) AS advantage,
+SELECT e.*, t.instruction, r.total AS reward,
+       (r.total - avg(r.total) OVER g) / nullif(stddev_samp(r.total) OVER g, 0) AS advantage,
        count(*) OVER g AS group_size
 FROM episodes e LEFT JOIN episode_rewards r ON r.episode_id = e.episode_id AND r.spec_id = ?
+     LEFT JOIN tasks t ON t.task_id = e.task_id
 WHERE e.group_id IS NOT DISTINCT FROM (SELECT group_id FROM episodes WHERE episode_id = ?)
   AND (e.group_id IS NOT NULL OR e.episode_id = ?)
 WINDOW g AS (PARTITION BY e.group_id)
@@ -43,54 +44,31 @@ TURNS_SQL = """SELECT turn, observation, action_text, action, format_ok, step_re
 prompt_token_ids, response_token_ids FROM turns WHERE episode_id = ? ORDER BY turn"""
 TOKEN_REWARDS_SQL = "SELECT position, reward FROM token_rewards WHERE spec_id = ? AND episode_id = ?"
 
-STYLE = """
-body{font-family:system-ui,sans-serif;margin:1.5em;color:#222} table{border-collapse:collapse;font-size:.9em}
-td,th{border:1px solid #ccc;padding:.2em .5em;text-align:left} th a{color:inherit} .muted{color:#777}
-.turn{border:1px solid #ddd;border-radius:6px;padding:.6em;margin:.6em 0} .obs{white-space:pre-wrap;background:#f6f6f6;
-padding:.4em} .reply{font-family:monospace;white-space:pre-wrap;line-height:1.7} .tok{border-radius:2px}
-.side{display:flex;gap:1em} .side>div{flex:1;min-width:0} form.filters{margin:.5em 0} form.filters input{width:7em}
-"""
-FILTER_JS = """
-function applyFilters(){const f=document.getElementById('filters');const v=n=>f.elements[n].value.trim();
-const lo=parseFloat(v('min_reward')),hi=parseFloat(v('max_reward'));let shown=0;
-for(const r of document.querySelectorAll('#episodes tbody tr')){const d=r.dataset;let ok=true;
-if(v('env')&&d.env!==v('env'))ok=false;if(v('policy')&&!d.policy.includes(v('policy')))ok=false;
-if(v('success')&&d.success!==v('success'))ok=false;const rw=parseFloat(d.reward);
-if(!isNaN(lo)&&!(rw>=lo))ok=false;if(!isNaN(hi)&&!(rw<=hi))ok=false;r.style.display=ok?'':'none';if(ok)shown++;}
-document.getElementById('shown').textContent=shown;}
-function sortBy(k,num){const b=document.querySelector('#episodes tbody');const rows=[...b.rows];
-const dir=b.dataset.sort===k?-1:1;b.dataset.sort=dir===1?k:'';
-rows.sort((x,y)=>{let a=x.dataset[k],c=y.dataset[k];if(num){a=parseFloat(a);c=parseFloat(c);
-a=isNaN(a)?-Infinity:a;c=isNaN(c)?-Infinity:c;}return (a<c?-1:a>c?1:0)*dir;});rows.forEach(r=>b.appendChild(r));}
-document.addEventListener('DOMContentLoaded',()=>{const f=document.getElementById('filters');
-for(const e of ['input','change','keyup'])f.addEventListener(e,applyFilters);});
-"""
-
-
-def esc(v: Any) -> str:
-    return html.escape("" if v is None else str(v))
-
-
-def page(title: str, body: str, *, script: str = "") -> str:
-    return (f"<!doctype html><html><head><meta charset='utf-8'><title>{esc(title)}</title><style>{STYLE}</style>"
-            f"{f'<script>{script}</script>' if script else ''}</head><body>{body}</body></html>")
-
 
 class Links:
-    """Where the pages are: served (`/run/<id>`) or exported (`runs/<id>.html`, relative to the page)."""
+    """Where the pages are: served (`/run?id=<id>&spec=<spec>`: a query value, because a browser collapses a
+    path segment `.` or `..` even percent-encoded) or exported (`runs/<file>.html`, relative to the page). Every
+    id is quoted as one URL component; an exported page's file name is `page_file(id)`, and its link quotes
+    that name again, because a browser decodes %XX in a path before it opens the file."""
 
     def __init__(self, static: bool):
         self.static = static
 
+    @staticmethod
+    def page_file(an_id: str) -> str:
+        """The exported page of an id: one safe file name (no separator, `..` or control character)."""
+        return path_component(an_id) + ".html"
+
+    def _to(self, folder: str, route: str, an_id: str, spec: str | None, depth: int) -> str:
+        if self.static:
+            return "../" * depth + f"{folder}/{url_part(self.page_file(an_id))}"
+        return f"/{route}?id={url_part(an_id)}" + (f"&spec={url_part(spec)}" if spec else "")
+
     def run(self, run_id: str, spec: str | None, depth: int = 0) -> str:
-        up = "../" * depth
-        return (f"{up}runs/{quote(run_id, safe='')}.html" if self.static
-                else f"/run/{quote(run_id, safe='')}" + (f"?spec={spec}" if spec else ""))
+        return self._to("runs", "run", run_id, spec, depth)
 
     def episode(self, episode_id: str, spec: str | None, depth: int = 0) -> str:
-        up = "../" * depth
-        return (f"{up}episodes/{episode_id}.html" if self.static
-                else f"/episode/{episode_id}" + (f"?spec={spec}" if spec else ""))
+        return self._to("episodes", "episode", episode_id, spec, depth)
 
     def index(self, depth: int = 0) -> str:
         return ("../" * depth + "index.html") if self.static else "/"
@@ -105,7 +83,8 @@ def shade(reward: float, scale: float) -> str:
 
 
 class Pages:
-    """The viewer's pages over `lake` at `snapshot`, rewards under spec `spec` (a spec id; None: none)."""
+    """The viewer's pages over `lake` at `snapshot`, rewards under spec `spec` (a spec id; None: none).
+    Every value from the lake goes through `esc`, every id in a link through `Links` (see viewer_html)."""
 
     def __init__(self, lake, snapshot: int, spec: str | None, links: Links):
         self.lake, self.snapshot, self.spec, self.links = lake, snapshot, spec, links
@@ -116,24 +95,30 @@ class Pages:
     def specs(self) -> list[tuple[str, str]]:
         return self.q("SELECT spec_id, name FROM reward_specs ORDER BY created_at, spec_id").rows()
 
+    def check_spec(self, spec: str | None) -> None:
+        """A spec id someone asked for (a query parameter, --spec) must be one the lake has: an unknown one
+        would show every reward as empty without a word."""
+        if spec is not None and spec not in {sid for sid, _ in self.specs()}:
+            raise TrajlakeError(f"no reward spec {spec!r} at snapshot {self.snapshot} "
+                                "(trajlake sql \"SELECT spec_id, name FROM reward_specs\" lists them)")
+
     def _spec_line(self, make_link) -> str:
         if self.links.static:
-            return f"<p class='muted'>rewards under spec {esc(self.spec or 'none')}</p>"
-        items = [f"<a href='{make_link(sid)}'>{esc(name)} ({sid})</a>" if sid != self.spec
-                 else f"<b>{esc(name)} ({sid})</b>" for sid, name in self.specs()]
+            return f"<p class=\"muted\">rewards under spec {esc(self.spec or 'none')}</p>"
+        items = [link(make_link(sid), f"{name} ({sid})") if sid != self.spec else f"<b>{esc(f'{name} ({sid})')}</b>"
+                 for sid, name in self.specs()]
         return f"<p>rewards under spec: {' | '.join(items) or 'none scored yet'}</p>"
 
     def runs(self) -> str:
         rows = self.q(RUNS_SQL).to_dicts()
-        body = [f"<h1>Runs</h1><p class='muted'>lake snapshot {self.snapshot}; {len(rows)} runs</p>",
-                "<table id='runs'><tr><th>run</th><th>kind</th><th>status</th><th>parent</th><th>episodes</th>"
+        body = [f"<h1>Runs</h1><p class=\"muted\">lake snapshot {esc(self.snapshot)}; {len(rows)} runs</p>",
+                "<table id=\"runs\"><tr><th>run</th><th>kind</th><th>status</th><th>parent</th><th>episodes</th>"
                 "<th>success</th><th>envs</th><th>policies</th><th>started</th></tr>"]
         for r in rows:
-            name = (f"<a href='{self.links.run(r['run_id'], self.spec)}'>{esc(r['run_id'])}</a>" if r["episodes"]
-                    else esc(r["run_id"]))
-            body.append(f"<tr><td>{name}</td><td>{esc(r['kind'])}</td><td>{esc(r['status'])}</td>"
-                        f"<td>{esc(r['parent_run_id'])}</td><td>{r['episodes']}</td><td>{esc(r['success_rate'])}</td>"
-                        f"<td>{esc(r['envs'])}</td><td>{esc(r['policies'])}</td><td>{esc(r['started_at'])}</td></tr>")
+            name = link(self.links.run(r["run_id"], self.spec), r["run_id"]) if r["episodes"] else esc(r["run_id"])
+            cells = [esc(r[k]) for k in ("kind", "status", "parent_run_id", "episodes", "success_rate", "envs",
+                                         "policies", "started_at")]
+            body.append(f"<tr><td>{name}</td>" + "".join(f"<td>{c}</td>" for c in cells) + "</tr>")
         return page("trajlake runs", "".join(body) + "</table>")
 
     def run(self, run_id: str) -> str:
@@ -145,28 +130,29 @@ class Pages:
                 ("sample", "sample", True), ("status", "status", False), ("success", "success", False),
                 ("env reward", "envreward", True), ("turns", "turns", True), ("agent tokens", "tokens", True),
                 ("reward", "reward", True)]
-        head = "".join(f"<th><a href='#' onclick=\"sortBy('{k}',{str(num).lower()});return false\">{t}</a></th>"
-                       for t, k, num in cols)
+        # the script attaches the sort listeners to these links (no onclick=: the CSP forbids it)
+        head = "".join(f"<th>{link('#', t, data_sort=k, data_num=int(num))}</th>" for t, k, num in cols)
+        depth = 1 if self.links.static else 0
         lines = []
         for r in rows:
             data = {"id": r["episode_id"], "env": r["env"], "policy": r["policy_id"], "task": r["task_id"],
                     "sample": r["sample_index"], "status": r["status"], "success": str(r["success"]).lower(),
                     "envreward": r["env_reward"], "turns": r["num_turns"], "tokens": r["num_agent_tokens"],
                     "reward": r["reward"]}
-            attrs = " ".join(f"data-{k}='{esc(v)}'" for k, v in data.items())
-            cells = [f"<a href='{self.links.episode(r['episode_id'], self.spec, 1 if self.links.static else 0)}'>"
-                     f"{esc(r['episode_id'][:8])}</a>"] + [esc(data[k]) for _, k, _ in cols[1:]]
-            lines.append(f"<tr {attrs}>" + "".join(f"<td>{c}</td>" for c in cells) + "</tr>")
+            cells = [link(self.links.episode(r["episode_id"], self.spec, depth), r["episode_id"][:8],
+                          title=r["episode_id"])] + [esc(data[k]) for _, k, _ in cols[1:]]
+            lines.append(f"<tr{attrs(**{f'data_{k}': v for k, v in data.items()})}>"
+                         + "".join(f"<td>{c}</td>" for c in cells) + "</tr>")
         env_options = "".join(f"<option>{esc(e)}</option>" for e in envs)
-        filters = (f"<form id='filters' class='filters' onsubmit='return false'>env <select "
-                   f"name='env'><option value=''>all</option>{env_options}</select> policy <input name='policy'> "
-                   "success <select name='success'><option value=''>all</option><option>true</option><option>false"
-                   "</option></select> reward from <input name='min_reward'> to <input name='max_reward'> "
-                   f"&nbsp;<span id='shown'>{len(rows)}</span> of {len(rows)} shown</form>")
-        body = (f"<p><a href='{self.links.index(1 if self.links.static else 0)}'>runs</a></p><h1>Run {esc(run_id)}</h1>"
-                + self._spec_line(lambda s: f"/run/{quote(run_id, safe='')}?spec={s}") + filters
-                + f"<table id='episodes'><thead><tr>{head}</tr></thead><tbody>{''.join(lines)}</tbody></table>")
-        return page(f"run {run_id}", body, script=FILTER_JS)
+        filters = ("<form id=\"filters\" class=\"filters\">env <select name=\"env\"><option value=\"\">all</option>"
+                   f"{env_options}</select> policy <input name=\"policy\"> success <select name=\"success\"><option "
+                   "value=\"\">all</option><option>true</option><option>false</option></select> reward from <input "
+                   "name=\"min_reward\"> to <input name=\"max_reward\"> "
+                   f"&nbsp;<span id=\"shown\">{len(rows)}</span> of {len(rows)} shown</form>")
+        body = (f"<p>{link(self.links.index(depth), 'runs')}</p><h1>Run {esc(run_id)}</h1>"
+                + self._spec_line(lambda s: self.links.run(run_id, s)) + filters
+                + f"<table id=\"episodes\"><thead><tr>{head}</tr></thead><tbody>{''.join(lines)}</tbody></table>")
+        return page(f"run {run_id}", body)
 
     def _episode(self, episode_id: str, spec: str | None) -> str:
         """One episode's block (header and turns) under `spec`."""
@@ -181,10 +167,12 @@ class Pages:
         adv = ep["advantage"]
         head = (f"<h2>Episode {esc(episode_id)}</h2><p>env {esc(ep['env'])}, task {esc(ep['task_id'])}, policy "
                 f"{esc(ep['policy_id'])}, run {esc(ep['run_id'])}; status {esc(ep['status'])}, success "
-                f"<b id='success'>{esc(ep['success'])}</b>, env reward {esc(ep['env_reward'])}; reward "
-                f"<b id='reward' data-spec='{esc(spec)}'>{esc(ep['reward'])}</b> under spec {esc(spec or 'none')}"
-                + (f", advantage <b id='advantage'>{adv:.3f}</b> (group of {ep['group_size']}: reward minus the "
-                   "group's mean, over its std)" if adv is not None else "") + "</p>")
+                f"<b id=\"success\">{esc(ep['success'])}</b>, env reward {esc(ep['env_reward'])}; reward "
+                f"<b{attrs(id='reward', data_spec=spec)}>{esc(ep['reward'])}</b> under spec {esc(spec or 'none')}"
+                + (f", advantage <b id=\"advantage\">{adv:.3f}</b> (group of {esc(ep['group_size'])}: reward minus "
+                   "the group's mean, over its std)" if adv is not None else "") + "</p>"
+                + (f"<p class=\"instruction\">instruction: {esc(ep['instruction'])}</p>" if ep["instruction"] else "")
+                + (f"<p class=\"error\">error: {esc(ep['error'])}</p>" if ep["error"] else ""))
         blocks, position = [], 0
         for t in turns:
             p, a = list(t["prompt_token_ids"] or ()), list(t["response_token_ids"] or ())
@@ -193,33 +181,34 @@ class Pages:
                 spans = []
                 for k, token in enumerate(a):
                     r = rewards.get(position + k, 0.0)
-                    spans.append(f"<span class='tok' data-position='{position + k}' data-reward='{r}' "
-                                 f"title='token {token}, reward {r:g}' style='background:{shade(r, scale)}'>"
+                    # the colour goes in data-shade for the script to apply: the CSP forbids style= attributes
+                    spans.append(f"<span{attrs(class_='tok', data_position=position + k, data_reward=r)}"
+                                 f"{attrs(title=f'token {token}, reward {r:g}', data_shade=shade(r, scale))}>"
                                  f"{esc(tok.decode([token]))}</span>")
                 reply = "".join(spans)
             else:
                 reply = esc(t["action_text"])
             position += len(a)
-            info = json.loads(t["info"]) if t["info"] else {}
-            blocks.append(f"<div class='turn' data-turn='{t['turn']}'><b>turn {t['turn']}</b><div class='obs'>"
-                          f"{esc(t['observation'])}</div><div class='reply'>{reply}</div><p>action "
-                          f"<code>{esc(t['action'])}</code>, format ok {esc(t['format_ok'])}, step reward "
-                          f"{esc(t['step_reward'])}, done {esc(t['done'])}, info <code>{esc(json.dumps(info))}</code>"
+            blocks.append(f"<div{attrs(class_='turn', data_turn=t['turn'])}><b>turn {esc(t['turn'])}</b>"
+                          f"<div class=\"obs\">{esc(t['observation'])}</div><div class=\"reply\">{reply}</div><p>"
+                          f"action <code>{esc(t['action'])}</code>, format ok {esc(t['format_ok'])}, step reward "
+                          f"{esc(t['step_reward'])}, done {esc(t['done'])}, info <code>{esc(t['info'] or '{}')}</code>"
                           "</p></div>")
         return head + "".join(blocks)
 
     def episode(self, episode_id: str) -> str:
         depth = 1 if self.links.static else 0
-        nav = f"<p><a href='{self.links.index(depth)}'>runs</a></p>"
-        return page(f"episode {episode_id}", nav + self._spec_line(lambda s: f"/episode/{episode_id}?spec={s}")
+        nav = f"<p>{link(self.links.index(depth), 'runs')}</p>"
+        return page(f"episode {episode_id}", nav + self._spec_line(lambda s: self.links.episode(episode_id, s))
                     + self._episode(episode_id, self.spec))
 
     def compare(self, a: str, b: str, spec_b: str | None = None) -> str:
         """Episodes `a` and `b` side by side (the same spec), or `a` under this spec and `spec_b`."""
+        self.check_spec(spec_b)
         left = self._episode(a, self.spec)
         right = self._episode(b, spec_b or self.spec)
-        return page(f"compare {a} {b}", f"<p><a href='{self.links.index()}'>runs</a></p><div class='side'>"
-                    f"<div id='left'>{left}</div><div id='right'>{right}</div></div>")
+        return page(f"compare {a} {b}", f"<p>{link(self.links.index(), 'runs')}</p><div class=\"side\">"
+                    f"<div id=\"left\">{left}</div><div id=\"right\">{right}</div></div>")
 
     def _tokenizer(self, run_id: str | None, policy_id: str | None):
         return _tokenizer_for(self.lake, self.snapshot, run_id, policy_id)

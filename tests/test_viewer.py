@@ -6,11 +6,10 @@ installed; CI installs one."""
 
 from __future__ import annotations
 
-import shutil
-
 import pytest
 
 from tests.helpers import EXPERT, demo_lake_uri
+from tests.viewer_helpers import csp_refusals, open_browser
 from trajlake.errors import TrajlakeError
 from trajlake.evaluate.viewer import Viewer, export_site
 from trajlake.store import Lake
@@ -40,13 +39,13 @@ def test_pages_render_and_unknown_ones_are_404(viewer, lake):
     status, runs = viewer.render("/")
     assert status == 200 and "collect-expert" in runs and "collect-tiny" in runs
     status, run = viewer.render("/run/collect-expert")
-    assert status == 200 and run.count("<tr data-id=") == lake.query(
+    assert status == 200 and run.count('<tr data-id=') == lake.query(
         "SELECT count(*) FROM episodes WHERE run_id = 'collect-expert'").item()
     eid, spec = a_model_episode(lake)
     status, ep = viewer.render(f"/episode/{eid}?spec={spec}")
-    assert status == 200 and "class='tok'" in ep and "data-turn='0'" in ep
+    assert status == 200 and 'class="tok"' in ep and 'data-turn="0"' in ep
     status, both = viewer.render(f"/compare?a={eid}&b={eid}&spec_b={spec}")
-    assert status == 200 and "id='left'" in both and "id='right'" in both
+    assert status == 200 and 'id="left"' in both and 'id="right"' in both
     assert viewer.render("/run/nope")[0] == 404 and viewer.render("/episode/nope")[0] == 404
     assert viewer.render("/elsewhere")[0] == 404
 
@@ -69,16 +68,7 @@ def test_a_taken_port_is_one_clear_error(viewer, lake):
 # ---- in a browser -------------------------------------------------------------------------------------
 @pytest.fixture(scope="module")
 def browser():
-    chromium, driver = shutil.which("chromium"), shutil.which("chromedriver")
-    if not chromium or not driver:
-        pytest.skip("no browser: install Debian's chromium and chromium-driver (apt-get install chromium "
-                    "chromium-driver)")
-    webdriver = pytest.importorskip("selenium.webdriver")
-    options = webdriver.ChromeOptions()
-    options.binary_location = chromium
-    for arg in ("--headless=new", "--no-sandbox", "--disable-dev-shm-usage", "--disable-gpu"):
-        options.add_argument(arg)
-    b = webdriver.Chrome(options=options, service=webdriver.ChromeService(executable_path=driver))
+    b = open_browser()
     yield b
     b.quit()
 
@@ -133,6 +123,7 @@ def test_served_pages_in_a_browser(browser, viewer, lake):
     browser.get(f"{viewer.url}episode/{eid}?spec={spec}")
     check_token_shading(browser, lake, eid, spec)
     assert browser.find_element(By.ID, "reward").get_attribute("data-spec") == spec
+    assert csp_refusals(browser) == []  # the pages' own script and style pass their policy
 
 
 def test_exported_pages_in_a_browser(browser, lake, tmp_path):
@@ -146,3 +137,4 @@ def test_exported_pages_in_a_browser(browser, lake, tmp_path):
     browser.find_element(By.CSS_SELECTOR, f"tr[data-id='{eid}'] a").click()
     check_token_shading(browser, lake, eid, spec)
     assert EXPERT not in browser.page_source
+    assert csp_refusals(browser) == []
