@@ -48,11 +48,12 @@ def path_component(value: str) -> str:
     `.`, `%`-ambiguity or control character survives), with a hash suffix when it would be too long. Distinct
     ids give distinct names; a valid `check_id` id without dots is its own name."""
     name = quote(value, safe="").replace(".", "%2E").replace("~", "%7E")
+    # `quote` writes `%` only as `%XX` with hex digits, so "%empty" and a "%~" suffix are names no other id has
     if not name:
-        name = "%00empty"
+        return "%empty"
     if len(name) > _MAX_NAME:
         digest = hashlib.sha256(value.encode("utf-8", "surrogatepass")).hexdigest()[:16]
-        name = f"{name[:_MAX_NAME - 17]}-{digest}"
+        name = f"{name[:_MAX_NAME - 18]}%~{digest}"
     return name
 
 

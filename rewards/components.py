@@ -119,11 +119,17 @@ def check_sql(expr: str, table: str, what: str) -> None:
     extra = ", NULL::VARCHAR AS prev_observation" if table == "turns" else ""
     try:
         duckdb.SQLExpression(expr)  # one expression: a `)` or `;` in it cannot end the query it is pasted into
+    except duckdb.Error as e:
+        raise TrajlakeError(f"{what} {expr!r} is not valid over {table} columns: {_first_line(e)}") from None
+    check_filter(expr, what)  # reading no table or catalog function: it runs on the connection that writes
+    try:
         _schema_db().execute(f"SELECT CAST(({expr}\n) AS DOUBLE) FROM (SELECT *{extra} FROM {table}) LIMIT 0")
     except duckdb.Error as e:
-        msg = str(e).strip().splitlines()[0]
-        raise TrajlakeError(f"{what} {expr!r} is not valid over {table} columns: {msg}") from None
-    check_filter(expr, what)  # and reads no table or catalog function: it runs on the connection that writes
+        raise TrajlakeError(f"{what} {expr!r} is not valid over {table} columns: {_first_line(e)}") from None
+
+
+def _first_line(error: Exception) -> str:
+    return str(error).strip().splitlines()[0]
 
 
 def check_regex(pattern: Any) -> None:
