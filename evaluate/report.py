@@ -159,8 +159,9 @@ def _extremes(lake: Lake, snap: int, key: str, viewer_url: str, runs: list[str])
     sql = EXTREMES[key].replace("{runs}", _run_filter(runs, *FILTERED.get(key, ("", ()))))
     for label, spec, worst, best in lake.query(sql, snapshot=snap).rows():
         # ids and spec ids come from data: each one URL component, then the whole URL escaped as an attribute
-        q = f"?spec={quote(spec, safe='')}" if spec else ""
-        links = [f'<a href="{html.escape(viewer_url + "episode/" + quote(eid, safe="") + q)}">{what}</a>'
+        # (a query parameter, not a path segment: a browser collapses an id `..` in a path even percent-encoded)
+        q = f"&spec={quote(spec, safe='')}" if spec else ""
+        links = [f'<a href="{html.escape(viewer_url + "episode?id=" + quote(eid, safe="") + q)}">{what}</a>'
                  for what, eid in (("worst", worst), ("best", best)) if eid]
         if links:
             items.append(f"{html.escape(str(label))}: {' · '.join(links)}")

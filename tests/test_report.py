@@ -108,12 +108,12 @@ def test_plots_link_their_worst_and_best_episodes_to_the_viewer(demo, tmp_path):
     for spec_id, in demo.query("SELECT spec_id FROM reward_specs").rows():
         low, high = demo.query("SELECT arg_min(episode_id, total), arg_max(episode_id, total) FROM episode_rewards "
                                "WHERE spec_id = ?", [spec_id]).row(0)
-        assert f'href="http://127.0.0.1:9/episode/{low}?spec={spec_id}">worst' in rewards
-        assert f'href="http://127.0.0.1:9/episode/{high}?spec={spec_id}">best' in rewards
+        assert f'href="http://127.0.0.1:9/episode?id={low}&amp;spec={spec_id}">worst' in rewards
+        assert f'href="http://127.0.0.1:9/episode?id={high}&amp;spec={spec_id}">best' in rewards
     assert "worst" in section(page, "turns") and "best" in section(page, "policies")
     viewer = Viewer(demo, port=0)  # every linked page is one the viewer serves
     try:
-        for path in re.findall(r'href="http://127\.0\.0\.1:9(/episode/[^"]+)"', page):
+        for path in re.findall(r'href="http://127\.0\.0\.1:9(/episode\?id=[^"]+)"', page):
             assert viewer.render(path.replace("&amp;", "&"))[0] == 200, path
     finally:
         viewer.server.server_close()
