@@ -14,13 +14,27 @@ from typing import Optional
 import typer
 
 from trajlake import display
-from trajlake.cli_common import State, open_lake
+from trajlake.cli_common import (
+    PATH,
+    State,
+    check_count,
+    check_finite,
+    check_text,
+    one_line,
+    open_lake,
+    path_arg,
+)
 from trajlake.cli_data import export, import_app, model_app, view
 from trajlake.cli_options import rollout_options
-from trajlake.collect.config import CollectConfig
+from trajlake.collect.config import CollectConfig, check_url
 from trajlake.errors import TrajlakeError
 from trajlake.evaluate.run import EvalConfig
+from trajlake.ids import check_id
 from trajlake.store.outputs import check_output_path
+
+#: the most episodes `rewards diff --top` lists (its LIMIT; DuckDB refused a negative or a non-BIGINT one only
+#: after both specs' scores were stored)
+MAX_TOP = 100_000
 
 app = typer.Typer(
     name="trajlake",
@@ -49,10 +63,12 @@ def _global(
 @app.command(context_settings={"ignore_unknown_options": True})  # SQL may start with a `-- comment`
 def sql(
     query: Optional[str] = typer.Argument(None, help="SQL over the tables; none opens an interactive shell."),
-    file: Optional[Path] = typer.Option(None, "--file", "-F", help="Read the SQL from this file (docs/queries/)."),
+    file: Optional[Path] = typer.Option(None, "--file", "-F", help="Read the SQL from this file (docs/queries/).",
+                                        parser=path_arg, metavar=PATH),
     snapshot: Optional[int] = typer.Option(None, "--snapshot", "-s", help="Read the lake as of this snapshot."),
     fmt: display.Format = typer.Option("table", "--format", "-f", help="Output format."),
-    out: Optional[Path] = typer.Option(None, "--out", "-o", help="Write to this file instead of stdout."),
+    out: Optional[Path] = typer.Option(None, "--out", "-o", help="Write to this file instead of stdout.",
+                                       parser=path_arg, metavar=PATH),
 ) -> None:
     """Run read-only SQL on the lake (tables: tasks, runs, policies, episodes, turns, reward_specs, ...): one
     statement at a time; anything that would write (DDL, DML, COPY, ATTACH, SET, CALL...) is refused."""
@@ -63,6 +79,8 @@ def sql(
             query = file.read_text()
         except OSError as e:
             raise TrajlakeError(f"cannot read SQL file {file}: {e.strerror}") from None
+        except UnicodeDecodeError:  # a binary file (the lake's catalog, say) named by mistake
+            raise TrajlakeError(f"cannot read SQL file {file}: not UTF-8 text") from None
     with open_lake(read_only=True) as lake:
         if query is None:
             display.shell(lake, snapshot=snapshot)
@@ -97,9 +115,11 @@ def maintain(
     grace: str = typer.Option("1h", "--grace", help="Never delete files younger than this (live writers)."),
 ) -> None:
     """Flush inlined rows, merge small files, expire old snapshots, delete unused files."""
-    expire = display.parse_duration(expire_older_than) if expire_older_than else None
+    # `is not None`: an empty --expire-older-than (an unset variable) is a bad duration, not "keep all"
+    expire = display.parse_duration(expire_older_than) if expire_older_than is not None else None
+    grace_td = display.parse_duration(grace)  # both parsed before the lake is opened
     with open_lake() as lake:
-        done = lake.maintain(expire_older_than=expire, grace=display.parse_duration(grace))
+        done = lake.maintain(expire_older_than=expire, grace=grace_td)
     display.console.print(", ".join(f"{k}: {v}" for k, v in done.items()))
 
 
@@ -126,6 +146,9 @@ def collect(
     from trajlake.collect.rollout import collect as run_collect
     from trajlake.collect.summary import errors_line, print_summary
 
+    # the user's run id is checked, never replaced: an empty one was silently swapped for a generated id
+    check_id(run_id, "--run-id")
+    check_url(rollout["env_url"], "--env-url")  # before resolve_env_name asks the URL's server for its name
     rollout["env"] = resolve_env_name(rollout["env"], rollout["env_url"], env_variant)
     config = CollectConfig(**rollout, policy=policy, tasks=tasks, task_offset=task_offset, samples=samples,
                            run_id=run_id, workers=workers, tokenizer=tokenizer, seed=seed)
@@ -166,6 +189,9 @@ def serve_env(
     from trajlake.collect.envs.agentgym_presets import get_preset
     from trajlake.collect.envs.agentgym_server import run_server
 
+    check_text("--host", host)  # "" binds every interface, not the loopback the help promises
+    if prefix:  # the default "" is no prefix; a given one is a route segment, never a control character
+        check_text("--prefix", prefix)
     make_env(env)  # an unknown name fails here with the list of envs
     run_server(env, host, port, split, prefix, preset=get_preset(shape))
 
@@ -173,7 +199,8 @@ def serve_env(
 @rewards_app.callback(invoke_without_command=True)
 def rewards(
     ctx: typer.Context,
-    spec: Optional[Path] = typer.Option(None, "--spec", help="Reward spec TOML [default: the built-in default]."),
+    spec: Optional[Path] = typer.Option(None, "--spec", help="Reward spec TOML [default: the built-in default].",
+                                        parser=path_arg, metavar=PATH),
     snapshot: Optional[int] = typer.Option(None, "--snapshot", "-s", help="Score the lake as of this snapshot."),
     where: Optional[str] = typer.Option(None, "--where", help="SQL filter over episodes columns."),
 ) -> None:
@@ -194,8 +221,8 @@ def rewards(
 
 @rewards_app.command("diff")
 def rewards_diff(
-    spec_a: Path = typer.Argument(..., help="The old spec."),
-    spec_b: Path = typer.Argument(..., help="The new spec."),
+    spec_a: Path = typer.Argument(..., help="The old spec.", parser=path_arg, metavar="SPEC_A"),
+    spec_b: Path = typer.Argument(..., help="The new spec.", parser=path_arg, metavar="SPEC_B"),
     snapshot: Optional[int] = typer.Option(None, "--snapshot", "-s"),
     where: Optional[str] = typer.Option(None, "--where", help="SQL filter over episodes columns."),
     top: int = typer.Option(10, "--top", help="How many of the most changed episodes to list."),
@@ -204,6 +231,7 @@ def rewards_diff(
     from trajlake.rewards import load_spec
     from trajlake.rewards.score import diff
 
+    check_count("--top", top, 0, MAX_TOP)  # before anything is scored: diff stores both specs' scores first
     a, b = load_spec(spec_a), load_spec(spec_b)
     with open_lake() as lake:
         summary, changes = diff(lake, a, b, snapshot=snapshot, where=where, top=top)
@@ -214,7 +242,8 @@ def rewards_diff(
 
 @app.command()
 def train(
-    config: Optional[Path] = typer.Option(None, "--config", help="Train config TOML (see train/configs/)."),
+    config: Optional[Path] = typer.Option(None, "--config", help="Train config TOML (see train/configs/).",
+                                          parser=path_arg, metavar=PATH),
     algo: Optional[str] = typer.Option(None, "--algo", help="Override the config's algo: grpo, ppo or sft."),
     run_id: Optional[str] = typer.Option(None, "--run-id", help="Override the run id (the same id resumes)."),
     model: Optional[str] = typer.Option(None, "--model", help="Override the starting model: DIR, policy:ID, run:ID."),
@@ -252,6 +281,7 @@ def train(
                                      "says the rest" + (f" (drop {', '.join(given)})" if given else ""))
         from trajlake.train.reproduce import replay_step
 
+        check_finite("--atol", atol)  # NaN would make every comparison false: a failed replay reported equal
         with open_lake() as lake:
             report = replay_step(lake, replay, step)
         display.console.print(report.describe(), markup=False, highlight=False, soft_wrap=True)
@@ -275,7 +305,8 @@ def evaluate(
     samples: int = typer.Option(1, "--samples", help="Samples per task (pass@k needs k <= samples)."),
     greedy: bool = typer.Option(False, "--greedy", help="Greedy decoding (needs --samples 1)."),
     tokenizer: Optional[str] = typer.Option(None, "--tokenizer", help="Tokenizer for text policies."),
-    spec: Optional[Path] = typer.Option(None, "--spec", help="Reward spec for the reward columns."),
+    spec: Optional[Path] = typer.Option(None, "--spec", help="Reward spec for the reward columns.",
+                                        parser=path_arg, metavar=PATH),
     k: list[int] = typer.Option([1], "--k", help="pass@k values (repeatable); --samples is always added."),
     seed: int = typer.Option(0, "--seed"),
     rollout: Optional[dict] = None,
@@ -289,9 +320,13 @@ def evaluate(
     from trajlake.evaluate.metrics import format_summary
     from trajlake.evaluate.run import evaluate as run_eval
 
+    check_url(rollout["env_url"], "--env-url")  # before resolve_env_name asks the URL's server for its name
     rollout["env"] = resolve_env_name(rollout["env"], rollout["env_url"])
     cfg = EvalConfig(**rollout, policies=tuple(policy), tasks=tasks, samples=samples, greedy=greedy,
                      tokenizer=tokenizer, spec=str(spec) if spec else None, ks=tuple(k), seed=seed)
+    if cfg.split == "train":  # allowed (a sanity check of fitting), but its numbers must not pass for held-out ones
+        print("warning: evaluating on the train split: the policy may have trained on these tasks, so these "
+              "numbers are not held out (use --split test or val for a held-out evaluation)", file=sys.stderr)
     with open_lake() as lake:
         result = run_eval(cfg, lake)
     for p, rid in result.runs.items():
@@ -306,7 +341,8 @@ def evaluate(
 
 @app.command()
 def report(
-    out: Path = typer.Option(Path("reports/latest"), "--out", help="Folder for index.html and the PNG plots."),
+    out: Path = typer.Option(Path("reports/latest"), "--out", help="Folder for index.html and the PNG plots.",
+                             parser=path_arg, metavar=PATH),
     runs: Optional[list[str]] = typer.Option(None, "--runs", help="Only these train/eval runs (repeatable)."),
 ) -> None:
     """An HTML page with plots over the store (learning curves, KL and entropy, reward distributions, turns,
@@ -343,13 +379,19 @@ def main(argv: list[str] | None = None) -> int:
         where = getattr(getattr(e, "ctx", None), "command_path", None) or "trajlake"
         message = e.format_message() if hasattr(e, "format_message") else str(e)
         if message.strip():  # no message: the help was shown (no command given)
-            print(f"error: {' '.join(message.split())} (see: {where} --help)", file=sys.stderr)
+            print(f"error: {one_line(message)} (see: {where} --help)", file=sys.stderr)
         return getattr(e, "exit_code", 2)
     except (TrajlakeError, OSError, ValueError, KeyError) as e:
         if debug:
             raise
         msg = e.args[0] if isinstance(e, KeyError) and e.args else str(e)
-        print(f"error: {msg}", file=sys.stderr)
+        print(f"error: {one_line(msg)}", file=sys.stderr)
+        return 1
+    except Exception as e:  # a bug, never a traceback: one line that says so and how to see the traceback
+        if debug:
+            raise
+        print(f"error: internal error ({type(e).__name__}: {one_line(str(e))[:300]}); please report it, with "
+              "the traceback --debug shows", file=sys.stderr)
         return 1
     return 0
 

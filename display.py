@@ -164,11 +164,18 @@ def shell(lake, snapshot: int | None = None) -> None:
 
 
 _UNITS = {"s": "seconds", "m": "minutes", "h": "hours", "d": "days", "w": "weeks"}
+_SECONDS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
+#: the longest duration accepted: timedelta overflows past 999,999,999 days and the lake's `now() - age`
+#: past its timestamps' range, and nothing a lake holds is older than a century
+MAX_DURATION = timedelta(days=36_500)
 
 
 def parse_duration(text: str) -> timedelta:
-    """'90s', '30m', '12h', '7d', '2w' -> timedelta."""
+    """'90s', '30m', '12h', '7d', '2w' -> timedelta, at most MAX_DURATION (100 years)."""
     m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([smhdw])\s*", text or "")
     if not m:
         raise TrajlakeError(f"bad duration {text!r}: use a number and a unit s, m, h, d or w (e.g. 7d)")
+    seconds = float(m.group(1)) * _SECONDS[m.group(2)]  # compared as a float first: timedelta() would overflow
+    if seconds > MAX_DURATION.total_seconds():
+        raise TrajlakeError(f"duration {text.strip()!r} is too long: at most {MAX_DURATION.days}d (100 years)")
     return timedelta(**{_UNITS[m.group(2)]: float(m.group(1))})

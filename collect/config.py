@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 from dataclasses import asdict, dataclass, field
 from typing import Any, ClassVar
 
@@ -15,6 +16,68 @@ from trajlake.errors import TrajlakeError
 RUN_KINDS = ("collect", "eval")
 TRUNCATION = ("stop",)
 FORMAT_FALLBACKS = ("raw", "empty")
+
+# Caps on what a run may ask for. A run holds its task list (task_offset + tasks tasks, about 1 kB each, made
+# before the first episode) and its (task, sample) pairs in memory, and opens `concurrency` episode slots (and,
+# for an env server, as many threads) at once: without caps a typo such as `--tasks 99999999999` was not
+# refused but killed by the kernel for memory. Each is far beyond any run this toolkit makes; a bigger job is
+# several runs (`--task-offset` moves on through the split).
+#: tasks of one run
+MAX_TASKS = 100_000
+#: task_offset + tasks: the tasks made (and held) to play the last ones
+MAX_TASK_INDEX = 1_000_000
+#: samples per task
+MAX_SAMPLES = 1_024
+#: tasks x samples: the (task, sample) pairs of one run
+MAX_EPISODES = 1_000_000
+#: turns of one episode
+MAX_TURNS = 100_000
+#: reply and context token budgets (a model's context is far shorter: this only bounds a typo)
+MAX_TOKENS = 10_000_000
+#: live episodes at once (and threads for an env server)
+MAX_CONCURRENCY = 4_096
+#: policy replicas and env workers (Ray actors)
+MAX_ACTORS = 1_024
+#: seeds reach numpy's and vLLM's samplers, whose seeds are 32-bit (train adds its iteration to it)
+MAX_SEED = 2**31 - 1
+#: above this, logits / temperature samples nearly uniformly (train/config_checks.py has the same limit)
+MAX_TEMPERATURE = 100.0
+#: URL schemes an env server is reached by
+URL_SCHEMES = ("http", "https")
+
+
+def check_url(url: str | None, what: str = "env_url") -> str | None:
+    """`url` if it is an http(s) URL with a host (None passes); else a TrajlakeError naming `what`. Checked
+    before any request, so `file:///etc/passwd`, `notaurl` or `http://[::1` are refused in one line instead of
+    reaching the HTTP client (or being stored as a run's setting)."""
+    if url is None:
+        return None
+    from urllib.parse import urlsplit
+
+    if not isinstance(url, str) or not url.strip():
+        raise TrajlakeError(f"{what} must be an http(s) URL such as http://127.0.0.1:36001, got {url!r}")
+    if any(ord(c) < 32 or ord(c) == 127 for c in url):
+        raise TrajlakeError(f"{what} {url!r} holds a control character")
+    try:
+        parts = urlsplit(url)
+        port = parts.port  # parsing the port is where a malformed one (":x", ":99999") fails
+    except ValueError as e:
+        raise TrajlakeError(f"{what} {url!r} is not a valid URL ({e})") from None
+    if parts.scheme.lower() not in URL_SCHEMES or not parts.hostname:
+        raise TrajlakeError(f"{what} must be an http(s) URL with a host, such as http://127.0.0.1:36001, "
+                            f"got {url!r}")
+    if port == 0:
+        raise TrajlakeError(f"{what} {url!r}: port 0 is not a server's port")
+    return url
+
+
+def check_range(name: str, value: int, low: int, high: int, why: str = "") -> str | None:
+    """The message refusing `value` outside [low, high] (None when it is in range)."""
+    if value < low:
+        return f"{name} must be >= {low}, got {value}"
+    if value > high:
+        return f"{name} must be at most {high:_}{why}, got {value}"
+    return None
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -68,11 +131,23 @@ class RolloutConfig:
         check_field_types(self, self.config_name, self.error_type)  # first: the checks below compare values
         from trajlake.collect.envs.base import SPLITS
 
+        # numbers first: NaN passes no comparison and infinity passes `>= 0`, so finiteness is its own rule
+        for name in ("temperature", "top_p"):
+            if not math.isfinite(getattr(self, name)):
+                raise self.error_type(f"{self.config_name}: {name} must be a finite number, got {getattr(self, name)}")
+        ranges = [("max_turns", 1, MAX_TURNS), ("max_new_tokens", 1, MAX_TOKENS),
+                  ("max_context_tokens", 2, MAX_TOKENS), ("concurrency", 1, MAX_CONCURRENCY),
+                  ("replicas", 1, MAX_ACTORS)]
+        for name, low, high in ranges:
+            message = check_range(name, getattr(self, name), low, high)
+            if message:
+                raise self.error_type(f"{self.config_name}: {message}")
+        try:
+            check_url(self.env_url)
+        except TrajlakeError as e:
+            raise self.error_type(f"{self.config_name}: {e}") from None
         checks = [
             (self.split in SPLITS, f"split must be one of {', '.join(SPLITS)}, got {self.split!r}"),
-            (self.max_turns >= 1, f"max_turns must be >= 1, got {self.max_turns}"),
-            (self.concurrency >= 1, f"concurrency must be >= 1, got {self.concurrency}"),
-            (self.replicas >= 1, f"replicas must be >= 1, got {self.replicas}"),
             (self.template is None or self.template in TEMPLATES,
              f"unknown template {self.template!r}; valid: {', '.join(TEMPLATES)}"),
             (self.truncation in TRUNCATION, f"unknown truncation {self.truncation!r}; valid: {TRUNCATION}"),
@@ -80,9 +155,9 @@ class RolloutConfig:
              f"unknown on_format_error {self.on_format_error!r}; valid: {FORMAT_FALLBACKS}"),
             (self.max_context_tokens > self.max_new_tokens,
              f"max_context_tokens ({self.max_context_tokens}) must exceed max_new_tokens ({self.max_new_tokens})"),
-            (self.temperature >= 0, f"temperature must be >= 0, got {self.temperature}"),
+            (0 <= self.temperature <= MAX_TEMPERATURE,
+             f"temperature must be in [0, {MAX_TEMPERATURE:g}] (0: greedy), got {self.temperature}"),
             (0 < self.top_p <= 1, f"top_p must be in (0, 1], got {self.top_p}"),
-            (self.max_new_tokens >= 1, f"max_new_tokens must be >= 1, got {self.max_new_tokens}"),
         ]
         for ok, message in checks:
             if not ok:
@@ -103,10 +178,14 @@ class RolloutConfig:
             raise self.error_type(f"{self.config_name}: {e.args[0]}") from None
 
     def check_env_url(self) -> None:
-        """An env that plays an AgentGym server needs its URL."""
+        """An env that plays an AgentGym server needs its URL; a built-in env takes none (its constructor has no
+        `url`: given one, it failed with a TypeError deep in the env pool)."""
         if self.env_class.remote and not self.env_url:
             raise self.error_type(f"{self.config_name}: env {self.env} plays an AgentGym server: give its URL "
                                   "(--env-url URL)")
+        if self.env_url and not self.env_class.remote:
+            raise self.error_type(f"{self.config_name}: env {self.env} is built in and plays in this process; "
+                                  "--env-url (env_url) is for an agentgym/NAME env's server: drop it")
 
     @property
     def template_name(self) -> str:
@@ -162,6 +241,19 @@ class CollectConfig(RolloutConfig):
 
     def __post_init__(self):
         super().__post_init__()
+        if not math.isfinite(self.chunk_seconds):
+            raise TrajlakeError(f"collect config: chunk_seconds must be a finite number, got {self.chunk_seconds}")
+        cap = " (the cap of one run: split bigger jobs over runs with --task-offset)"
+        ranges = [("tasks", self.tasks, 1, MAX_TASKS, cap), ("task_offset", self.task_offset, 0, MAX_TASK_INDEX, cap),
+                  ("task_offset + tasks", self.task_offset + self.tasks, 1, MAX_TASK_INDEX, cap),
+                  ("samples", self.samples, 1, MAX_SAMPLES, ""),
+                  ("tasks x samples", self.tasks * self.samples, 1, MAX_EPISODES, cap),
+                  ("workers", self.workers, 0, MAX_ACTORS, ""), ("seed", self.seed, 0, MAX_SEED, ""),
+                  ("chunk_turns", self.chunk_turns, 1, MAX_EPISODES, "")]
+        for name, value, low, high, why in ranges:
+            message = check_range(name, value, low, high, why)
+            if message:
+                raise TrajlakeError(f"collect config: {message}")
         checks = [
             (self.tasks >= 1, f"tasks must be >= 1, got {self.tasks}"),
             (self.task_offset >= 0, f"task_offset must be >= 0, got {self.task_offset}"),

@@ -17,12 +17,21 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
+import math
 from dataclasses import asdict, dataclass, field
 from typing import ClassVar
 
 import polars as pl
 
-from trajlake.collect.config import RolloutConfig, rollout_fields
+from trajlake.collect.config import (
+    MAX_EPISODES,
+    MAX_SAMPLES,
+    MAX_SEED,
+    MAX_TASKS,
+    RolloutConfig,
+    check_range,
+    rollout_fields,
+)
 from trajlake.errors import TrajlakeError
 from trajlake.evaluate.metrics import summarize
 from trajlake.sql_text import sql_list
@@ -62,6 +71,15 @@ class EvalConfig(RolloutConfig):
 
     def __post_init__(self):
         super().__post_init__()  # types first, then RolloutConfig's checks
+        # the counts' caps before anything multiplies them (an evaluation holds its tasks and episodes in memory)
+        ranges = [("tasks", self.tasks, 1, MAX_TASKS), ("samples", self.samples, 1, MAX_SAMPLES),
+                  ("tasks x samples", self.tasks * self.samples, 1, MAX_EPISODES), ("seed", self.seed, 0, MAX_SEED)]
+        for name, value, low, high in ranges:
+            message = check_range(name, value, low, high)
+            if message:
+                raise TrajlakeError(f"evaluate: {message}")
+        if not math.isfinite(self.confidence):
+            raise TrajlakeError(f"evaluate: confidence must be a finite number, got {self.confidence}")
         too_big = sorted(k for k in self.ks if k > self.samples)  # refused, not skipped: the user asked for them
         big, listed = max(too_big, default=0), ", ".join(map(str, too_big))
         checks = [
@@ -81,6 +99,7 @@ class EvalConfig(RolloutConfig):
         for ok, message in checks:
             if not ok:
                 raise TrajlakeError(f"evaluate: {message}")
+        self.check_env_url()  # a built-in env given --env-url is refused as evaluate's error, before any play
 
     @property
     def pass_ks(self) -> list[int]:

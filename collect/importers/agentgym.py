@@ -43,6 +43,7 @@ from trajlake.collect.chat import ChatRenderer, tokenizer_fingerprint
 from trajlake.collect.importers import (
     ImportResult,
     TrajectoryImportError,
+    check_depth,
     file_sha256,
     kind_name,
     progress_bar,
@@ -51,6 +52,7 @@ from trajlake.collect.importers import (
     stored_episode_ids,
 )
 from trajlake.errors import TrajlakeError
+from trajlake.ids import InvalidIdError, check_id
 from trajlake.lm.load import load_tokenizer
 from trajlake.schemas.records import Episode, Policy, Run, Task
 
@@ -69,6 +71,17 @@ def parse_action(text: str) -> str | None:
         return tags[-1][1].strip() or None
     marks = list(_REACT.finditer(text))
     return (text[marks[-1].end():].strip() or None) if marks else None
+
+
+def check_labels(*, run_id: str | None, env: str | None, split: str | None, what: str = "{}") -> None:
+    """The names a user gives an import, checked as ids (None: "from the files" / "generated"). An empty one is
+    refused, not treated as absent: `--run-id ""` was replaced by a generated id and `--env ""` by the file's
+    own. `what` formats each name for the message (the CLI passes "--{}")."""
+    for name, value in (("run-id" if what.startswith("--") else "run_id", run_id), ("env", env), ("split", split)):
+        try:
+            check_id(value, what.format(name))
+        except InvalidIdError as e:
+            raise TrajectoryImportError(str(e)) from None
 
 
 def import_agentgym(
@@ -95,6 +108,7 @@ def import_agentgym(
     """
     if chunk_size < 1:
         raise TrajectoryImportError(f"chunk_size must be at least 1, got {chunk_size}")
+    check_labels(run_id=run_id, env=env, split=split)
     files = resolve_files(paths)
     tokenizer, tok_name = tokenizer_path, str(getattr(tokenizer_path, "name_or_path", type(tokenizer_path).__name__))
     if isinstance(tokenizer_path, (str, PathLike)):  # a folder (else a loaded tokenizer)
@@ -191,6 +205,9 @@ def _messages(row: Mapping, where: str) -> tuple[list[dict], list[bool]]:
             conv = json.loads(conv)
         except json.JSONDecodeError:
             raise TrajectoryImportError(f"{where}: `conversations` is text but not JSON") from None
+        except RecursionError:
+            raise TrajectoryImportError(f"{where}: `conversations` is JSON text nested too deeply") from None
+        check_depth(conv, f"{where}: `conversations`")
     if not isinstance(conv, list) or not conv:
         raise TrajectoryImportError(f"{where}: `conversations` must be a non-empty list, got {kind_name(conv)}")
     messages, losses = [], []
@@ -252,6 +269,8 @@ def _parse_row(row: Mapping, path: Path, sha: str, index: int, tok_fp: str, env_
     if split in (env, row.get("data_source")):  # OpenManus-RL's files put the env name there
         split = None
     rm = row.get("reward_model") if isinstance(row.get("reward_model"), Mapping) else {}
+    ground_truth = _maybe_json(rm.get("ground_truth"))
+    check_depth(ground_truth, f"{where}: `reward_model.ground_truth`")
     meta = {"data_source": row.get("data_source"), "item_id": item_id, "ability": row.get("ability"),
             "reward_style": rm.get("style"), "index": extra.get("index"), "prompt": row.get("prompt")}
     meta = {k: v for k, v in meta.items() if v is not None}
@@ -260,7 +279,7 @@ def _parse_row(row: Mapping, path: Path, sha: str, index: int, tok_fp: str, env_
     return {
         "id": episode_id, "messages": messages, "agent": agent, "turns": turns, "where": where,
         "task": Task(task_id, env, split=split_arg or split or path.stem, instruction=first_obs,
-                     ground_truth=_maybe_json(rm.get("ground_truth")), meta=meta or None),
+                     ground_truth=ground_truth, meta=meta or None),
         "episode": dict(episode_id=episode_id, task_id=task_id, env=env, status="ok", success=success,
                         env_reward=reward, num_turns=len(turns)),
     }
@@ -330,6 +349,6 @@ def _maybe_json(v: Any) -> Any:
     if isinstance(v, str):
         try:
             return json.loads(v)
-        except json.JSONDecodeError:
+        except (json.JSONDecodeError, RecursionError):  # not JSON (or too deep to read as JSON): kept as text
             return v
     return v
