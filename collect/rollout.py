@@ -29,6 +29,7 @@ from trajlake.errors import TrajlakeError
 from trajlake.schemas import Episode, Run, Task, Turn
 from trajlake.schemas import Policy as PolicyRow
 from trajlake.store import Lake
+from trajlake.store import lease as run_lease
 
 _IDS = uuid.UUID("5b0c1f4e-2a8e-4d67-9a39-7f1f2b7f0c11")  # namespace of episode ids
 
@@ -207,13 +208,24 @@ class Rollout:
 
     # ---- the loop ------------------------------------------------------------------------------
     def run(self) -> str:
+        lease = None
         try:
             tasks = self._tasks()
             resumed = stored_run(self.lake, self.config, self.system)  # refuses other settings, writing nothing
             pending = self._pending(tasks)
+            # One live process per run id (store/lease.py), taken before the first write; a run of a train run
+            # (parent_run_id) is covered by that run's lease. A resume with nothing left to do writes nothing,
+            # so it takes none either.
+            idle = resumed is not None and not pending and resumed["status"] == "finished"
+            if self.config.parent_run_id is None and not idle:
+                lease = run_lease.acquire(self.lake, self.run_id, "collect")
+                resumed = stored_run(self.lake, self.config, self.system)  # as the previous holder left it
+                pending = self._pending(tasks)
             self._register(tasks, resumed, pending)
         except BaseException:
             self.pool.close()
+            if lease is not None:
+                lease.release()
             raise
         from trajlake.collect.progress import CollectProgress
 
@@ -242,6 +254,8 @@ class Rollout:
             raise
         finally:
             self.pool.close()
+            if lease is not None:  # ended, failed or interrupted: the next process may run it
+                lease.release()
         if status == "failed":
             raise EnvErrorsOnly(self.run_id, errors)
         return self.run_id
@@ -358,6 +372,8 @@ def collect(config: CollectConfig, lake: Lake, policy: Policy | None = None) -> 
     ended in env errors). Raises TrajlakeError, writing nothing, when `config.run_id` names a stored run played
     with other settings, and, once it is marked failed, when every episode of the run ended in an env error."""
     stored_run(lake, config)  # refuse other settings before loading a model (the system prompt is checked later)
+    if config.run_id and config.parent_run_id is None:
+        run_lease.check(lake, config.run_id)  # and a run another live process is playing (reads only)
     rollout = Rollout(config, lake, policy)
     try:
         return rollout.run()

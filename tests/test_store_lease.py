@@ -18,7 +18,6 @@ from trajlake.store import Lake
 from trajlake.store import lease as L
 from trajlake.store.attach import ALIAS
 
-
 #: `hold URI RUN`: take the lease, close the lake (a DuckDB-file lake admits one process: the test opens it
 #: next), say so, and hold it until stdin closes; `take URI RUN`: take it and give it back at once, or print
 #: the refusal as the CLI would (one `error:` line, exit 1)

@@ -124,12 +124,14 @@ def test_example_configs_load(name):
 @pytest.mark.parametrize("kw, message", [
     (dict(lr=float("inf")), "train config: lr must be a finite number, got inf"),
     (dict(lr=float("nan")), "train config: lr must be a finite number, got nan"),
-    (dict(lr=0.0), "train config: lr must be > 0, got 0.0"),
-    (dict(lr=-1e-5), "train config: lr must be > 0, got -1e-05"),
+    (dict(lr=0.0), "train config: lr must be > 0 and at most 1e+30, got 0.0"),
+    (dict(lr=-1e-5), "train config: lr must be > 0 and at most 1e+30, got -1e-05"),
+    (dict(lr=1e39), "train config: lr must be > 0 and at most 1e+30, got 1e+39"),  # overflowed inside torch
+    (dict(critic_lr=2e30), "train config: critic_lr must be > 0 and at most 1e+30, got 2e+30"),
     (dict(critic_lr=float("-inf")), "train config: critic_lr must be a finite number, got -inf"),
     (dict(gamma=float("nan")), "train config: gamma must be a finite number, got nan"),
     (dict(kl_coef=float("inf")), "train config: kl_coef must be a finite number, got inf"),
-    (dict(weight_decay=-0.1), "train config: weight_decay must be >= 0, got -0.1"),
+    (dict(weight_decay=-0.1), "train config: weight_decay must be in [0, 1]"),
     (dict(temperature=float("inf")), "train config: temperature must be a finite number, got inf"),
     (dict(temperature=1000.0), "train config: temperature must be > 0 for training rollouts (log-probs use "
                                "logits / temperature) and at most 100, got 1000.0"),

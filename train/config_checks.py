@@ -40,6 +40,9 @@ MAX_COUNT = 10_000_000
 MAX_SEED = 2**31 - 1
 #: snapshot ids are BIGINT in the catalog
 MAX_SNAPSHOT = 2**63 - 1
+#: The largest learning rate: AdamW's first step moves a weight by about 10 x lr, which past ~3e38 overflows
+#: float32 inside torch's optimizer (a RuntimeError, not a NaN the run could report). Far above any useful lr.
+MAX_LR = 1e30
 #: Above this, logits / temperature samples nearly uniformly: not a policy worth training or evaluating.
 MAX_TEMPERATURE = 100.0
 #: integer fields with a range other than [0, MAX_COUNT]
@@ -102,9 +105,10 @@ def check_train_config(c: TrainConfig) -> None:
         (c.value_loss in VALUE_LOSSES,
          f"unknown value_loss {c.value_loss!r}; valid: {', '.join(VALUE_LOSSES.names())}"),
         (c.eval_split in SPLITS, f"eval_split must be one of {', '.join(SPLITS)}, got {c.eval_split!r}"),
-        (c.lr > 0, f"lr must be > 0, got {c.lr}"),
-        (c.critic_lr > 0, f"critic_lr must be > 0, got {c.critic_lr}"),
-        (c.weight_decay >= 0, f"weight_decay must be >= 0, got {c.weight_decay}"),
+        (0 < c.lr <= MAX_LR, f"lr must be > 0 and at most {MAX_LR:g}, got {c.lr}"),
+        (0 < c.critic_lr <= MAX_LR, f"critic_lr must be > 0 and at most {MAX_LR:g}, got {c.critic_lr}"),
+        (0 <= c.weight_decay <= 1, f"weight_decay must be in [0, 1] (AdamW scales weights by 1 - lr * "
+                                   f"weight_decay), got {c.weight_decay}"),
         (c.loss_norm_constant is None or c.loss_norm_constant > 0,
          f"loss_norm_constant must be > 0 (or left unset), got {c.loss_norm_constant}"),
         (c.minibatch_size >= c.micro_batch,

@@ -121,14 +121,22 @@ def build_engines(cfg: TrainConfig, model_path: str, *, critic_path: str | None 
     return engines
 
 
-def optimizer_step(engine) -> float:
-    """engine.step() at a gradient-accumulation boundary; returns the gradient norm before clipping."""
+def optimizer_step(engine) -> float | None:
+    """engine.step() at a gradient-accumulation boundary; returns the gradient norm before clipping, None where
+    DeepSpeed did not compute one (not a NaN: train/finite.py stops a run on a NaN norm)."""
     norm = None
     if engine.zero_optimization_stage() == 0 and not engine.bfloat16_enabled():
         grads = [p.grad for p in engine.module.parameters() if p.grad is not None]
         norm = float(torch.nn.utils.get_total_norm(grads)) if grads else 0.0
-    engine.step()
+    try:
+        engine.step()
+    except RuntimeError as e:  # torch's optimizer refuses a step whose scalars overflow float32: not a traceback
+        if "overflow" not in str(e):
+            raise
+        from trajlake.train.finite import NonFiniteError
+
+        raise NonFiniteError("update", message=f"the update was not finite ({e})") from None
     if norm is None:
         g = engine.get_global_grad_norm()
-        norm = float(g) if g is not None else float("nan")
+        norm = float(g) if g is not None else None
     return norm

@@ -27,6 +27,7 @@ from trajlake.errors import TrajlakeError
 from trajlake.schemas import Run
 from trajlake.sql_text import sql_str
 from trajlake.store import Lake
+from trajlake.store import lease as run_lease
 from trajlake.train import checkpoint as C
 from trajlake.train import distributed as D
 from trajlake.train import engine as E
@@ -34,6 +35,7 @@ from trajlake.train.algos import make_kl_controller
 from trajlake.train.algos.turns import TURN_INPUTS
 from trajlake.train.batch import check_episode_filter, collate, load_episodes
 from trajlake.train.config import ConfigError, TrainConfig
+from trajlake.train.finite import NonFiniteError
 from trajlake.train.progress import NO_SIGNAL_WARN, TrainProgress, no_signal_cause
 from trajlake.train.rollouts import collect_run, eval_config, evaluate, rollout_config
 from trajlake.train.steps import iteration_update, sft_update
@@ -71,6 +73,7 @@ class _Run:
         rid = config.run_id or f"{kind}-{utc_now():%Y%m%d-%H%M%S}-{uuid.uuid4().hex[:6]}"
 
         def resolve():
+            run_lease.check(lake, rid)  # another live process runs it: refused before any work (reads only)
             try:
                 start_path, start_pid, base, new_row = C.resolve_model(lake, config.model)
             except ConfigError:
@@ -83,12 +86,31 @@ class _Run:
 
         (self.run_id, self.start_path, self.start_pid, self.base, self.new_row, self.resume,
          self.stored) = on_main(self.main, resolve)
+        self.lease: run_lease.Lease | None = None  # rank 0, from acquire() to finish()
         self.rollout = None  # replicas > 1 or rollout_engine vllm: what the rollouts play on (rank 0)
         self.rollout_loaded: str | None = None  # the checkpoint it holds
         self.trackers = None  # report_to's trackers (rank 0, from start())
         self.step = self.resume.step if self.resume else 0
         self.policy_id = self.resume.policy_id if self.resume else self.start_pid
         self.model_path = self.resume.checkpoint_uri if self.resume else self.start_path
+
+    def acquire(self) -> None:
+        """Take the run id's lease (store/lease.py) before the run's first write, on rank 0: one live process
+        per run id. What __init__ read before it may have moved on meanwhile (a process that held the lease
+        then checkpointed): then this one gives the lease back and is refused, to start again from there."""
+        def take() -> None:
+            self.lease = run_lease.acquire(self.lake, self.run_id, "train")
+            if C.last_checkpoint(self.lake, self.run_id) != self.resume:
+                self.release()
+                raise TrajlakeError(f"run {self.run_id} moved on while this process started (another process ran "
+                                    "it meanwhile): run it again to resume from where it is now")
+
+        on_main(self.main, take)
+
+    def release(self) -> None:
+        if self.lease is not None:
+            self.lease.release()
+            self.lease = None
 
     def start(self, **resolved: Any) -> None:
         """Rank 0 records the run (a restart: marks it running again, with this restart's RESUMABLE_FIELDS in
@@ -153,14 +175,17 @@ class _Run:
                                 "metrics": C.clean_metrics(metrics)}) + "\n")
 
     def finish(self, status: str) -> None:
-        if self.trackers is not None:
-            self.trackers.close()
-        if self.rollout is not None:
-            self.rollout.close()
-            self.rollout = None
-        if self.main:
-            self.lake.update("runs", {"run_id": self.run_id}, {"status": status, "finished_at": utc_now()},
-                             stage="train", run_id=self.run_id)
+        try:
+            if self.trackers is not None:
+                self.trackers.close()
+            if self.rollout is not None:
+                self.rollout.close()
+                self.rollout = None
+            if self.main:
+                self.lake.update("runs", {"run_id": self.run_id}, {"status": status, "finished_at": utc_now()},
+                                 stage="train", run_id=self.run_id)
+        finally:  # ended, failed or interrupted: the next process may run it
+            self.release()
 
 
 def on_main(main: bool, fn: Any) -> Any:
@@ -233,10 +258,15 @@ def train(config: TrainConfig, lake: Lake | None) -> RunResult:
     if "kl_controller" in r.state:
         kl_ctl.load_state_dict(r.state["kl_controller"])
     data = None
-    if c.train_filter:  # the stored rollouts, scored (the first write: every check above only read) and pinned
-        pinned = (r.stored or {}).get("config", {}).get("train_snapshot_read")
-        data = on_main(r.main, lambda: stored_data(r.lake, c, spec, pinned))
-    r.start(**({"train_snapshot_read": data.snapshot} if data else {}))  # the run's row
+    r.acquire()
+    try:
+        if c.train_filter:  # the stored rollouts, scored (the first write: every check above only read), pinned
+            pinned = (r.stored or {}).get("config", {}).get("train_snapshot_read")
+            data = on_main(r.main, lambda: stored_data(r.lake, c, spec, pinned))
+        r.start(**({"train_snapshot_read": data.snapshot} if data else {}))  # the run's row
+    except BaseException:
+        r.release()
+        raise
     result = RunResult(r.run_id, r.policy_id, r.step)
     no_signal = 0  # iterations in a row whose update had no learning signal
     try:
@@ -269,7 +299,10 @@ def train(config: TrainConfig, lake: Lake | None) -> RunResult:
                 if not seqs:
                     raise TrajlakeError(f"iteration {it + 1}: the rollouts produced no agent tokens to train on")
                 t1 = time.perf_counter()
-                batch, m_upd = iteration_update(engines, seqs, c, kl_ctl, it)
+                try:
+                    batch, m_upd = iteration_update(engines, seqs, c, kl_ctl, it)
+                except NonFiniteError as e:  # before its checkpoint: nothing of the iteration is stored
+                    raise e.stopped(r.run_id, f"iteration {it + 1}", c) from None
                 t2 = time.perf_counter()
                 agent_tokens = int(batch.loss_mask.sum())
                 metrics = {"iteration": it + 1, "episodes": batch.size, "reward_mean": float(batch.scores.mean()),
@@ -337,7 +370,12 @@ def sft(config: TrainConfig, lake: Lake | None) -> RunResult:
     def rows_of(step: int) -> list[int]:  # a fixed stream of shuffled epochs, so a resumed run picks up exactly
         return [perm(k // n)[k % n] for k in range(step * mb, (step + 1) * mb)]
 
-    r.start()  # the first write: everything above only read, so a refused run left no trace
+    r.acquire()
+    try:
+        r.start()  # the first write: everything above only read, so a refused run left no trace
+    except BaseException:
+        r.release()
+        raise
     result = RunResult(r.run_id, r.policy_id, r.step)
     t0 = time.perf_counter()
     try:
@@ -346,7 +384,10 @@ def sft(config: TrainConfig, lake: Lake | None) -> RunResult:
             trained: dict[str, None] = {}  # lineage: the episodes of the steps since the last row, in order
             while r.step < c.sft_steps:
                 rows = rows_of(r.step)
-                m = sft_update(engines, batch, rows, c)
+                try:
+                    m = sft_update(engines, batch, rows, c)
+                except NonFiniteError as e:  # before its checkpoint or metrics row: nothing of the step is stored
+                    raise e.stopped(r.run_id, f"step {r.step + 1}", c) from None
                 trained.update((batch.episode_ids[i], None) for i in rows)
                 r.step += 1
                 m = {"step": r.step, "episodes": n, **m, "elapsed_s": time.perf_counter() - t0}

@@ -33,6 +33,7 @@ from trajlake.train.algos import (
 from trajlake.train.algos.turns import TURN_INPUTS
 from trajlake.train.batch import Batch, collate, micro_batches, shard
 from trajlake.train.config import TrainConfig
+from trajlake.train.finite import check_update
 
 
 @dataclass
@@ -274,6 +275,7 @@ def minibatch_step(engine, batch: Batch, rows: list[int], cfg: TrainConfig, engi
     micro = list(_micro(batch, rows, cfg, engines.world, engines.rank, share))
     ctx = _context(engine, batch, rows, engines, len(micro)) if share else None
     sums = {"loss": 0.0}
+    norm: float | None = None
     for k, (sub, idx) in enumerate(micro):
         boundary = k == len(micro) - 1 and ctx is None
         engine.set_gradient_accumulation_boundary(boundary)
@@ -287,7 +289,7 @@ def minibatch_step(engine, batch: Batch, rows: list[int], cfg: TrainConfig, engi
             else:  # a mean over the micro-batch's tokens: weigh by them
                 meter.add(prefix + name, v, weight)
         if boundary:
-            meter.add(prefix + "grad_norm", E.optimizer_step(engine))
+            norm = E.optimizer_step(engine)
         else:
             engine.step()
     if ctx is not None:  # the shared prefix's share of the gradient (none when no micro-batch read it)
@@ -295,7 +297,11 @@ def minibatch_step(engine, batch: Batch, rows: list[int], cfg: TrainConfig, engi
         surrogate = FW.context_loss(ctx)
         engine.backward(surrogate if surrogate is not None else torch.zeros((), requires_grad=True),
                         scale_wrt_gas=False)
-        meter.add(prefix + "grad_norm", E.optimizer_step(engine))
+        norm = E.optimizer_step(engine)
+    # before the step's numbers reach a metric or a checkpoint: a NaN or inf stops the run (train/finite.py)
+    check_update(engine, loss=sums["loss"], grad_norm=norm, prefix=prefix.replace("_", " "))
+    if norm is not None:
+        meter.add(prefix + "grad_norm", norm)
     for name, v in sums.items():  # averaged over processes, these are the mini-batch's losses
         meter.add(prefix + name, v)
 

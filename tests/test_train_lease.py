@@ -1,0 +1,70 @@
+"""One live process per run id in the train loop and in collect, on a SQLite catalog (where nothing else stops
+two processes): while a real process holds a run's lease, `train` and `collect` with that run id are refused in
+one line before any work, writing nothing; once the holder is killed, the run goes ahead, and its lease is
+released when it ends."""
+
+from __future__ import annotations
+
+import signal
+import sys
+from dataclasses import replace
+
+import pytest
+
+from tests.helpers import SYSTEM, small_cfg, tiny_model_dir
+from tests.test_store_lease import HELPER, _env
+from trajlake.collect.config import CollectConfig
+from trajlake.collect.rollout import collect
+from trajlake.store import Lake
+from trajlake.store.lease import RunLeasedError
+from trajlake.train.loop import train
+
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
+
+
+@pytest.fixture(scope="module")
+def model(tmp_path_factory):
+    return tiny_model_dir(tmp_path_factory)
+
+
+def holder(tmp_path, uri: str, run_id: str):
+    import subprocess
+
+    script = tmp_path / "lease_helper.py"
+    script.write_text(HELPER)
+    p = subprocess.Popen([sys.executable, str(script), "hold", uri, run_id], stdin=subprocess.PIPE,
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=_env())
+    assert p.stdout.readline().strip() == "held", p.stderr.read()[-3000:]
+    return p
+
+
+def test_a_run_held_by_a_live_process_is_refused_then_taken_over(model, tmp_path):
+    uri = f"sqlite:{tmp_path / 'catalog.sqlite'}"
+    expert = CollectConfig(env="doors", policy="scripted:doors", tokenizer=str(model), tasks=4, difficulty=1,
+                           template="action", system_prompt=SYSTEM, run_id="expert", progress=False)
+    cfg = small_cfg(model, algo="sft", sft_filter="success", sft_steps=2, minibatch_size=4, micro_batch=4,
+                    run_id="s1", checkpoint_dir=str(tmp_path / "ckpt"))
+    with Lake.open(uri) as lake:
+        collect(expert, lake)
+    p = holder(tmp_path, uri, "s1")
+    q = holder(tmp_path, uri, "expert2")
+    expert2 = replace(expert, run_id="expert2")
+    with Lake.open(uri) as lake:
+        before = lake.snapshots().height
+        with pytest.raises(RunLeasedError, match=rf"^run s1 is being run by collect process {p.pid} on host "):
+            train(cfg, lake)
+        with pytest.raises(RunLeasedError, match=rf"^run expert2 is being run by collect process {q.pid} on host "):
+            collect(expert2, lake)
+        assert lake.snapshots().height == before, "a refused process wrote to the lake"
+        assert not (tmp_path / "ckpt").exists()
+        for proc in (p, q):
+            proc.send_signal(signal.SIGKILL)
+            proc.wait(timeout=60)
+        res = train(cfg, lake)  # the killed holder's lease is taken over
+        assert res.step == 2
+        assert lake.query("SELECT status FROM runs WHERE run_id = 's1'")[0, 0] == "finished"
+        assert collect(expert2, lake) == "expert2"
+        assert lake.count("run_leases") == 0  # released when each ended
+        msgs = [m or "" for m in lake.snapshots()["message"].to_list()]
+        assert any(m.startswith("train: lease run s1 to process") for m in msgs)
+        assert any(m == "train: release the lease of run s1" for m in msgs)
