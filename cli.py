@@ -149,6 +149,7 @@ def collect(
     # the user's run id is checked, never replaced: an empty one was silently swapped for a generated id
     check_id(run_id, "--run-id")
     check_url(rollout["env_url"], "--env-url")  # before resolve_env_name asks the URL's server for its name
+    check_text("--env-variant", env_variant)  # "" was taken for "not given" and the run played without it
     rollout["env"] = resolve_env_name(rollout["env"], rollout["env_url"], env_variant)
     config = CollectConfig(**rollout, policy=policy, tasks=tasks, task_offset=task_offset, samples=samples,
                            run_id=run_id, workers=workers, tokenizer=tokenizer, seed=seed)

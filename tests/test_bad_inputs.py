@@ -1,17 +1,17 @@
 """Every command against its bad inputs, table-driven: each case exits with the code it should (1 for a bad
 value, 2 for a usage error), prints one line on stderr and no traceback, and leaves the lake as it was (the
 same snapshots and row counts of every table), on every catalog backend (SQLite and PostgreSQL in the slow
-suite)."""
+suite). The shared setting and checks are in tests/bad_inputs_common.py; the other hostile suites are
+tests/test_bad_inputs_{cli,paths,sql}.py and tests/test_fuzz_{cli,import}.py."""
 
 from __future__ import annotations
 
-import uuid
-
 import pytest
 
-from trajlake.cli import main
-from trajlake.schemas import TABLES, Episode
-from trajlake.store import Lake
+from tests import bad_inputs_common as common
+from tests.bad_inputs_common import case, check_case, params
+
+setting = common.setting  # the module's lake and files (a fixture)
 
 #: (argv, exit code, text the one line contains); {lake} {tmp} {tiny} {spec} {bad_toml} {file} {jsonl} are filled in
 CASES = [
@@ -126,64 +126,10 @@ CASES = [
 ]
 
 
-#: the DuckDB-file lake in the fast suite; the multi-process catalogs in the slow one (CI runs both)
-LAKE_BACKENDS = ["duckdb", pytest.param("sqlite", marks=pytest.mark.slow),
-                 pytest.param("postgres", marks=pytest.mark.slow)]
-
-
-def _lake_uri(backend: str, tmp) -> tuple[str, str | None]:
-    """The lake's URI on `backend`, and the PostgreSQL schema to drop afterwards."""
-    if backend == "duckdb":
-        return str(tmp / "lake"), None
-    if backend == "sqlite":
-        return f"sqlite:{tmp / 'catalog.sqlite'}", None
-    from tests.conftest import _pg_available, pg_conninfo
-
-    why = _pg_available()
-    if why:
-        pytest.skip(why)
-    schema = "trajlake_bad_" + uuid.uuid4().hex[:10]
-    return f"postgres:{pg_conninfo()} metadata_schema={schema} data_path={tmp / 'pgdata'}", schema
-
-
-@pytest.fixture(scope="module", params=LAKE_BACKENDS)
-def setting(request, tmp_path_factory, tiny):
-    tmp = tmp_path_factory.mktemp("bad")
-    lake, schema = _lake_uri(request.param, tmp)
-    with Lake.open(lake) as lk:
-        lk.append({"episodes": [Episode("e1", run_id="r1", env="doors", success=True)]}, stage="test", run_id="r1")
-    (tmp / "a-file.txt").write_text("not a lake\n")
-    (tmp / "bad.toml").write_text("name = [unclosed\n")
-    (tmp / "one.jsonl").write_text('{"item_id": "x", "conversations": []}\n')
-    spec = tmp / "spec.toml"
-    spec.write_text('name = "s"\n[allocation]\nstrategy = "last_token"\n[[components]]\nkind = "goal"\n')
-    yield {"lake": lake, "tmp": str(tmp), "tiny": str(tiny), "file": str(tmp / "a-file.txt"),
-           "bad_toml": str(tmp / "bad.toml"), "spec": str(spec), "jsonl": str(tmp / "one.jsonl")}
-    if schema:
-        import psycopg
-
-        from tests.conftest import pg_conninfo
-
-        with psycopg.connect(pg_conninfo(), autocommit=True) as con:
-            con.execute(f'DROP SCHEMA IF EXISTS "{schema}" CASCADE')
-
-
-def lake_state(uri: str) -> tuple:
-    with Lake.open(uri, read_only=True) as lake:
-        return tuple(lake.snapshots()["snapshot_id"].to_list()), tuple(lake.count(t) for t in TABLES)
-
-
 def test_there_are_at_least_60_cases():
     assert len(CASES) >= 60
 
 
-@pytest.mark.parametrize("argv, code, text", CASES, ids=[" ".join(c[0][-4:])[:60] for c in CASES])
-def test_bad_input(argv, code, text, setting, capsys):
-    before = lake_state(setting["lake"])
-    rc = main([a.format(**setting) for a in argv])
-    captured = capsys.readouterr()
-    lines = captured.err.strip().splitlines()
-    assert rc == code, captured
-    assert len(lines) == 1 and "Traceback" not in captured.err + captured.out, captured.err
-    assert lines[0].startswith("error: ") and text in lines[0], lines[0]
-    assert lake_state(setting["lake"]) == before
+@pytest.mark.parametrize("c", params([case(*c) for c in CASES]))
+def test_bad_input(c, setting, capsys, tmp_path):
+    check_case(c, setting, capsys, tmp_path)
