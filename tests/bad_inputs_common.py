@@ -43,7 +43,8 @@ LAKE_BACKENDS = ["duckdb", pytest.param("sqlite", marks=pytest.mark.slow),
 class Case(NamedTuple):
     """One command line and what it must do. `argv` items are formatted with the setting's paths ({lake},
     {tmp}, {tiny}, {spec}, ...). `text` is a substring of the one error line (ignored for code 0). `pending`
-    names a PENDING area. `writes` names the one folder (a setting key) the command may write into."""
+    names a PENDING area. `writes` names the one folder (a setting key) the command may write into. `slow`
+    cases run in the slow tier only (the same check as a fast case through another place)."""
 
     argv: tuple
     code: int
@@ -51,10 +52,11 @@ class Case(NamedTuple):
     pending: str | None = None
     writes: str | None = None
     id: str | None = None
+    slow: bool = False
 
 
-def case(argv, code, text="", *, pending=None, writes=None, id=None) -> Case:
-    return Case(tuple(argv), code, text, pending, writes, id)
+def case(argv, code, text="", *, pending=None, writes=None, id=None, slow=False) -> Case:
+    return Case(tuple(argv), code, text, pending, writes, id, slow)
 
 
 def params(cases: list[Case]) -> list:
@@ -65,10 +67,9 @@ def params(cases: list[Case]) -> list:
         base = "".join(ch if ch.isprintable() else f"\\x{ord(ch):02x}" for ch in base)
         n = seen.get(base, 0)
         seen[base] = n + 1
-        marks = ()
-        if c.pending is not None:
-            marks = (pytest.mark.xfail(reason=f"pending: {PENDING.get(c.pending, c.pending)}", strict=False),) \
-                if c.pending in PENDING else ()
+        marks = [pytest.mark.slow] if c.slow else []
+        if c.pending is not None and c.pending in PENDING:
+            marks.append(pytest.mark.xfail(reason=f"pending: {PENDING[c.pending]}", strict=False))
         out.append(pytest.param(c, id=base if n == 0 else f"{base} #{n}", marks=marks))
     return out
 
