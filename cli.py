@@ -386,6 +386,10 @@ def main(argv: list[str] | None = None) -> int:
         if debug:
             raise
         msg = e.args[0] if isinstance(e, KeyError) and e.args else str(e)
+        if isinstance(e, OSError) and e.strerror and e.filename is not None:  # not "[Errno 20] ...: 'path'"
+            msg = f"{e.filename}: {e.strerror}"
+        elif isinstance(e, UnicodeDecodeError):  # a binary file where text was expected
+            msg = f"a file given is not UTF-8 text ({e.reason} at byte {e.start})"
         print(f"error: {one_line(msg)}", file=sys.stderr)
         return 1
     except Exception as e:  # a bug, never a traceback: one line that says so and how to see the traceback

@@ -58,14 +58,20 @@ def emit(df: pl.DataFrame, fmt: Format, out: Path | None, max_rows: int = MAX_RO
     if fmt is Format.parquet:
         if out is None:
             raise TrajlakeError("--format parquet needs --out PATH")
-        out.parent.mkdir(parents=True, exist_ok=True)
-        df.write_parquet(out)
+        try:
+            out.parent.mkdir(parents=True, exist_ok=True)
+            df.write_parquet(out)
+        except OSError as e:  # the file named, and why, in one line
+            raise TrajlakeError(f"cannot write {out}: {e.strerror or e}") from None
         console.print(f"wrote {df.height} rows to {out}")
         return
     if fmt is Format.table:
         if out is not None:
-            with open(out, "w") as f:
-                Console(file=f, width=200).print(render_table(df, max_rows=df.height))
+            try:
+                with open(out, "w") as f:
+                    Console(file=f, width=200).print(render_table(df, max_rows=df.height))
+            except OSError as e:  # the file named, and why, in one line (not errno's "[Errno 2] ...")
+                raise TrajlakeError(f"cannot write {out}: {e.strerror}") from None
         else:
             console.print(render_table(df, max_rows))
         return
@@ -82,7 +88,10 @@ def emit(df: pl.DataFrame, fmt: Format, out: Path | None, max_rows: int = MAX_RO
     else:
         text = df.write_json()
     if out is not None:
-        Path(out).write_text(text)
+        try:
+            Path(out).write_text(text)
+        except OSError as e:
+            raise TrajlakeError(f"cannot write {out}: {e.strerror}") from None
     else:
         sys.stdout.write(text if text.endswith("\n") else text + "\n")
 
