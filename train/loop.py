@@ -288,7 +288,7 @@ def train(config: TrainConfig, lake: Lake | None) -> RunResult:
                     seqs = load_episodes(r.lake, where, snapshot=snap, spec_id=spec.spec_id)
                     replay = replay_filter(c, r.run_id, it, r.lake, snap)  # earlier rollouts mixed in, if asked
                     replayed = load_episodes(r.lake, replay, snapshot=snap, spec_id=spec.spec_id) if replay else []
-                    where = f"({where}) OR ({replay})" if replay else where
+                    where = f"({where}\n) OR ({replay}\n)" if replay else where
                     # in episode_id order, as one load of `where` gives them: a replay of the step gets this batch
                     payload = (snap, where, sorted(seqs + replayed, key=lambda s: s.episode_id), len(replayed))
                 elif r.main:  # this iteration's groups of the stored rollouts
