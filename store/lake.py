@@ -49,6 +49,11 @@ MAX_RETRIES = 30
 #: both pass and store a key twice; two transactions that both update this row conflict at commit instead, and
 #: the loser retries, now seeing the winner's rows. Appends to one lake are serialised at commit.
 WRITE_TOKEN = "write_token"
+#: Tables whose rows always go to parquet, never inlined into the catalog: SQLite and PostgreSQL catalogs fail to
+#: commit an inlined row holding a NUL inside a nested string (a list of episode ids, a map's keys), which data
+#: from imports and env servers may hold. Their rows are few (one per train step, one per episode scored).
+NEVER_INLINED = tuple(t.name for t in TABLES.values()
+                      if any(pa.types.is_nested(f.type) and "string" in str(f.type) for f in t.schema))
 
 
 @dataclass(frozen=True)
@@ -141,18 +146,27 @@ class Lake:
             fill = [f"{c} = {tdef.length_sql(c)}" for c, _ in tdef.list_lengths if c in added]
             if fill:
                 statements.append(f"UPDATE {ALIAS}.{tdef.name} SET {', '.join(fill)}")
-        options = dict(cur.execute(f"SELECT option_name, value FROM {ALIAS}.options()").fetchall())
+        rows = cur.execute(f"SELECT option_name, value, scope, scope_entry FROM {ALIAS}.options()").fetchall()
+        options = {name: value for name, value, scope, _ in rows if scope == "GLOBAL"}
         settings = [] if options.get("parquet_version") == "V2" else [("parquet_version", "2")]
         if "parquet_row_group_size" not in options:  # a lake's own setting is kept
             settings.append(("parquet_row_group_size", str(ROW_GROUP_ROWS)))
-        if not statements and not settings:
-            return
-        self._transaction(
-            lambda c: [c.execute(s) for s in statements]
-            + [c.execute(f"CALL {ALIAS}.set_option('{name}', '{value}')") for name, value in settings],
-            stage="store",
-            message="store: create or upgrade tables",
-        )
+        not_inlined = {entry for name, _, scope, entry in rows if name == "data_inlining_row_limit" and scope == "TABLE"}
+        table_settings = [t for t in NEVER_INLINED if f"main.{t}" not in not_inlined]
+        if statements or settings:
+            self._transaction(
+                lambda c: [c.execute(s) for s in statements]
+                + [c.execute(f"CALL {ALIAS}.set_option('{name}', '{value}')") for name, value in settings],
+                stage="store",
+                message="store: create or upgrade tables",
+            )
+        if table_settings:  # DuckLake sets a table's options only once the table is committed
+            self._transaction(
+                lambda c: [c.execute(f"CALL {ALIAS}.set_option('data_inlining_row_limit', 0, table_name => ?)", [t])
+                           for t in table_settings],
+                stage="store",
+                message="store: never inline " + ", ".join(table_settings),
+            )
 
     def close(self) -> None:
         self._con.close()

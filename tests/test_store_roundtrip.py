@@ -364,3 +364,13 @@ def test_nul_in_a_map_key_is_stored_or_refused_cleanly(lake):
     got = from_table(lake.query("SELECT * FROM episode_rewards WHERE episode_id LIKE 'b%'", output="arrow"),
                      "episode_rewards")
     assert by_key("episode_rewards", got) == by_key("episode_rewards", bulk)
+
+
+def test_a_nul_inside_nested_strings_is_stored(lake):
+    """Data from imports and env servers may hold NUL; DuckLake's inlined rows on SQLite and PostgreSQL fail to
+    commit one inside a list or a map key, so those tables are never inlined (store.lake.NEVER_INLINED)."""
+    from trajlake.schemas.records import TrainStep
+
+    ids = ["a\x00b", "\x00", "plain"]
+    lake.append({"train_steps": [TrainStep(run_id="r\x00", step=1, episode_ids=ids)]}, stage="test", run_id="r")
+    assert lake.query("SELECT run_id, episode_ids FROM train_steps").rows() == [("r\x00", ids)]
