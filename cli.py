@@ -24,7 +24,7 @@ from trajlake.cli_common import (
     open_lake,
     path_arg,
 )
-from trajlake.cli_data import export, import_app, model_app, view
+from trajlake.cli_data import export, import_app, lease_app, model_app, view
 from trajlake.cli_options import rollout_options
 from trajlake.collect.config import CollectConfig, check_url
 from trajlake.errors import TrajlakeError
@@ -47,6 +47,7 @@ rewards_app = typer.Typer(help="Score stored episodes with a reward spec (replay
 app.add_typer(import_app, name="import")
 app.add_typer(rewards_app, name="rewards")
 app.add_typer(model_app, name="model")
+app.add_typer(lease_app, name="lease")
 
 
 @app.callback()

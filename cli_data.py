@@ -16,6 +16,8 @@ from trajlake.store.outputs import check_output_path
 
 import_app = typer.Typer(help="Import trajectories from other tools' files.", no_args_is_help=True)
 model_app = typer.Typer(help="Build or convert models offline.", no_args_is_help=True)
+lease_app = typer.Typer(help="The run leases (one live process per run id): show one, or release one whose holder "
+                        "is gone for good.", no_args_is_help=True)
 
 
 def export(
@@ -146,3 +148,25 @@ def model_smollm2(
     path = convert_smollm2(out, dtype=dtype)
     summary = model_summary(path)
     display.console.print(f"saved {path}: " + ", ".join(f"{k} {v}" for k, v in summary.items()))
+
+
+@lease_app.command("show")
+def lease_show(run_id: str = typer.Argument(..., help="The run id.")) -> None:
+    """Who holds a run's lease (host, pid, since when), or none."""
+    from trajlake.store.lease import holder_of
+
+    with open_lake(read_only=True) as lake:
+        holder = holder_of(lake, run_id)
+    display.console.print(f"lease of run {run_id}: {holder.describe() if holder else 'none'}", markup=False)
+
+
+@lease_app.command("release")
+def lease_release(run_id: str = typer.Argument(..., help="The run id.")) -> None:
+    """Remove a run's lease whoever holds it: for a holder on a host that is gone for good (a holder on this host
+    that died is taken over by the next run without this)."""
+    from trajlake.store.lease import release_any
+
+    with open_lake() as lake:
+        holder = release_any(lake, run_id)
+    display.console.print(f"released the lease of run {run_id}: {holder.describe() if holder else 'none'}",
+                          markup=False)

@@ -80,7 +80,7 @@ def episode_rows(lake, where: str = "true", *, spec=None, snapshot: int | None =
     reward spec (a loaded RewardSpec), its rewards, scored first where they are not yet."""
     from trajlake.train.batch import check_episode_filter
 
-    check_episode_filter(lake, where, field="--where", snapshot=snapshot)
+    check_episode_filter(lake, where, field="export --dataset --where", snapshot=snapshot)
     rewards: dict[str, dict] = {}
     if spec is not None:
         from trajlake.rewards.score import score

@@ -151,7 +151,8 @@ class Lake:
         settings = [] if options.get("parquet_version") == "V2" else [("parquet_version", "2")]
         if "parquet_row_group_size" not in options:  # a lake's own setting is kept
             settings.append(("parquet_row_group_size", str(ROW_GROUP_ROWS)))
-        not_inlined = {entry for name, _, scope, entry in rows if name == "data_inlining_row_limit" and scope == "TABLE"}
+        not_inlined = {entry for name, _, scope, entry in rows
+                       if name == "data_inlining_row_limit" and scope == "TABLE"}
         table_settings = [t for t in NEVER_INLINED if f"main.{t}" not in not_inlined]
         if statements or settings:
             self._transaction(

@@ -104,7 +104,7 @@ def _refusal(run_id: str, holder: Holder) -> RunLeasedError:
     here = holder.host == socket.gethostname()
     how = (f"wait for it to end or stop it (kill {holder.pid})" if here else
            f"wait for it to end or stop it there; if that host is gone for good, release the lease with "
-           f"`python -m trajlake.store.lease release --lake LAKE {run_id}`")
+           f"`trajlake --lake LAKE lease release {run_id}`")
     return RunLeasedError(f"run {run_id} is being run by {holder.describe()}: one process per run id; {how}, then "
                           "run it again (the same run id resumes it)")
 
@@ -187,27 +187,3 @@ def release_any(lake: Lake, run_id: str) -> Holder | None:
     if holder is not None:
         Lease(lake, run_id, holder).release()
     return holder
-
-
-def main(argv: list[str] | None = None) -> int:
-    """`python -m trajlake.store.lease release --lake URI RUN_ID`: remove a lease whose holder is gone for good."""
-    import argparse
-
-    parser = argparse.ArgumentParser(prog="python -m trajlake.store.lease")
-    parser.add_argument("command", choices=["release", "show"])
-    parser.add_argument("run_id")
-    parser.add_argument("--lake", default=os.environ.get("TRAJLAKE_LAKE"))
-    args = parser.parse_args(argv)
-    try:
-        with Lake.open(args.lake) as lake:
-            holder = release_any(lake, args.run_id) if args.command == "release" else holder_of(lake, args.run_id)
-    except TrajlakeError as e:
-        print(f"error: {e}", flush=True)
-        return 1
-    verb = "released the lease of" if args.command == "release" else "lease of"
-    print(f"{verb} run {args.run_id}: {holder.describe() if holder else 'none'}")
-    return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 
+from trajlake.cli import main
 from trajlake.store import Lake
 from trajlake.store import lease as L
 from trajlake.store.attach import ALIAS
@@ -165,8 +166,8 @@ def test_release_on_failure_and_the_release_command(lake_uri, capsys):
             raise RuntimeError("the run failed")
         assert lake.count("run_leases") == 0
         L.acquire(lake, "gone", "train")  # as if held on a host that is gone for good
-    assert L.main(["show", "gone", "--lake", lake_uri]) == 0
-    assert L.main(["release", "gone", "--lake", lake_uri]) == 0
+    assert main(["--lake", lake_uri, "lease", "show", "gone"]) == 0
+    assert main(["--lake", lake_uri, "lease", "release", "gone"]) == 0
     out = capsys.readouterr().out
     assert f"released the lease of run gone: train process {os.getpid()} on host {socket.gethostname()}" in out
     assert lease_rows(lake_uri) == []

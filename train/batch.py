@@ -80,15 +80,17 @@ def check_episode_filter(lake: Lake, where: str, *, field: str, snapshot: int | 
     from trajlake.store.sql_guard import UnsafeSQLError, check_filter
     from trajlake.train.config import ConfigError
 
+    what = f"train config: {field}" if field.isidentifier() else field  # a config field, or a command's option
+
     def refuse(reason: str) -> ConfigError:
-        return ConfigError(f"train config: {field} {where!r} is not a SQL filter over episodes columns: {reason}")
+        return ConfigError(f"{what} {where!r} is not a SQL filter over episodes columns: {reason}")
 
     try:
         duckdb.SQLExpression(where)  # parses one expression, or raises
     except duckdb.Error as e:
         raise refuse(str(e).strip().splitlines()[0]) from None
     try:  # the filter runs on the connection that writes: no table function, catalog function or other table
-        check_filter(where, f"train config: {field}")
+        check_filter(where, what)
     except UnsafeSQLError as e:
         raise ConfigError(str(e)) from None
     try:
