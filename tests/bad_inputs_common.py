@@ -59,15 +59,25 @@ def case(argv, code, text="", *, pending=None, writes=None, id=None, slow=False)
     return Case(tuple(argv), code, text, pending, writes, id, slow)
 
 
-def params(cases: list[Case]) -> list:
-    """The cases as pytest params, with readable ids (unique) and the PENDING xfail marks."""
+#: the marker of the cases that also run on SQLite and PostgreSQL (conftest.py deselects the rest there)
+CATALOG_SAMPLE = "catalog_sample"
+
+
+def params(cases: list[Case], *, catalog_every: int = 1) -> list:
+    """The cases as pytest params, with readable ids (unique) and the PENDING xfail marks. Every case runs on
+    the DuckDB-file lake; every `catalog_every`-th also on SQLite and PostgreSQL (the slow tier): most are
+    refused before the lake is opened, where the catalog changes nothing, and the whole matrix on all three
+    catalogs took over half an hour. Writes through user SQL and outputs into the lake are tested on every
+    catalog in full by tests/test_sql_guard.py."""
     out, seen = [], {}
-    for c in cases:
+    for i, c in enumerate(cases):
         base = c.id or " ".join(str(a) for a in c.argv if a not in ("--lake", "{lake}"))[:70]
         base = "".join(ch if ch.isprintable() else f"\\x{ord(ch):02x}" for ch in base)
         n = seen.get(base, 0)
         seen[base] = n + 1
         marks = [pytest.mark.slow] if c.slow else []
+        if i % catalog_every == 0:
+            marks.append(getattr(pytest.mark, CATALOG_SAMPLE))
         if c.pending is not None and c.pending in PENDING:
             marks.append(pytest.mark.xfail(reason=f"pending: {PENDING[c.pending]}", strict=False))
         out.append(pytest.param(c, id=base if n == 0 else f"{base} #{n}", marks=marks))
