@@ -24,7 +24,7 @@ NUMBER = st.one_of(st.integers(min_value=-(10**25), max_value=10**25).map(str),
                    st.floats(allow_nan=True, allow_infinity=True).map(repr),
                    st.sampled_from(["nan", "inf", "-inf", "", "1e400", "0x10", "½", "-0"]))
 VALUE = st.one_of(TEXT, NUMBER)
-FUZZ = settings(max_examples=25, deadline=None, derandomize=True,
+FUZZ = settings(max_examples=12, deadline=None, derandomize=True,
                 suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
 
 #: a bad value that each always-refused command carries, so no fuzzed combination plays, trains or writes

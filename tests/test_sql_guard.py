@@ -180,7 +180,12 @@ def _commands(call: str, tmp: Path, spec: Path) -> list[list[str]]:
     ]
 
 
-@pytest.mark.parametrize("call", WRITING_CALLS)
+#: the fast suite runs three calls through every command (tests/test_bad_inputs_sql.py has more there); the slow
+#: one runs every call
+CLI_CALLS = [pytest.param(call, marks=[] if i < 3 else [pytest.mark.slow]) for i, call in enumerate(WRITING_CALLS)]
+
+
+@pytest.mark.parametrize("call", CLI_CALLS)
 def test_no_command_writes_through_user_sql(call, filled, capsys):
     uri, tmp, spec = filled
     before = _state(uri)
