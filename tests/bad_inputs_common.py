@@ -63,19 +63,20 @@ def case(argv, code, text="", *, pending=None, writes=None, id=None, slow=False)
 CATALOG_SAMPLE = "catalog_sample"
 
 
-def params(cases: list[Case], *, catalog_every: int = 1) -> list:
+def params(cases: list[Case], *, catalog_every: int = 1, fast_every: int = 1) -> list:
     """The cases as pytest params, with readable ids (unique) and the PENDING xfail marks. Every case runs on
     the DuckDB-file lake; every `catalog_every`-th also on SQLite and PostgreSQL (the slow tier): most are
     refused before the lake is opened, where the catalog changes nothing, and the whole matrix on all three
     catalogs took over half an hour. Writes through user SQL and outputs into the lake are tested on every
-    catalog in full by tests/test_sql_guard.py."""
+    catalog in full by tests/test_sql_guard.py. Every `fast_every`-th case runs in the fast suite, the others in
+    the slow one (`make test` stays under 8 minutes)."""
     out, seen = [], {}
     for i, c in enumerate(cases):
         base = c.id or " ".join(str(a) for a in c.argv if a not in ("--lake", "{lake}"))[:70]
         base = "".join(ch if ch.isprintable() else f"\\x{ord(ch):02x}" for ch in base)
         n = seen.get(base, 0)
         seen[base] = n + 1
-        marks = [pytest.mark.slow] if c.slow else []
+        marks = [pytest.mark.slow] if c.slow or i % fast_every else []
         if i % catalog_every == 0:
             marks.append(getattr(pytest.mark, CATALOG_SAMPLE))
         if c.pending is not None and c.pending in PENDING:

@@ -191,6 +191,14 @@ def varied_spec(folder: Path) -> str:
     return str(p)
 
 
+def expert_lake(path: Path, model: Path) -> Lake:
+    """A lake at `path` holding 4 scripted-expert doors episodes (run `expert`): SFT data for train tests."""
+    lake = Lake.open(str(path))
+    collect(CollectConfig(env="doors", policy="scripted:doors", tokenizer=str(model), tasks=4, difficulty=1,
+                          template="action", system_prompt=SYSTEM, run_id="expert", progress=False), lake)
+    return lake
+
+
 def small_cfg(model: str | Path, **kw) -> TrainConfig:
     """A config for fast one-process steps on the tiny model."""
     base = dict(model=str(model), algo="grpo", lr=1e-2, minibatch_size=8, micro_batch=4, progress=False,

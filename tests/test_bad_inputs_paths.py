@@ -117,7 +117,7 @@ def test_there_are_at_least_100_path_cases():
     assert len(CASES) >= 100
 
 
-@pytest.mark.parametrize("c", params(CASES, catalog_every=4))
+@pytest.mark.parametrize("c", params(CASES, catalog_every=4, fast_every=2))
 def test_path_trick(c, setting, capsys, tmp_path):
     check_case(c, setting, capsys, tmp_path)
 

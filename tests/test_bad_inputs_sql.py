@@ -191,6 +191,6 @@ def test_there_are_at_least_150_sql_cases():
     assert len(CASES) >= 150
 
 
-@pytest.mark.parametrize("c", params(CASES, catalog_every=4))
+@pytest.mark.parametrize("c", params(CASES, catalog_every=4, fast_every=2))
 def test_sql_trick(c, sql_files, capsys, tmp_path):
     check_case(c, sql_files, capsys, tmp_path)

@@ -8,10 +8,8 @@ import json
 
 import pytest
 
-from tests.helpers import SYSTEM, small_cfg, tiny_model_dir
+from tests.helpers import expert_lake, small_cfg, tiny_model_dir
 from trajlake.cli import main
-from trajlake.collect.config import CollectConfig
-from trajlake.collect.rollout import collect
 from trajlake.errors import TrajlakeError
 from trajlake.store import Lake
 from trajlake.train.config import RESUMABLE_FIELDS, RUN_FIELDS, ConfigError, TrainConfig
@@ -29,10 +27,8 @@ def model(tmp_path_factory):
 
 @pytest.fixture
 def lake(tmp_path, model):
-    """A lake holding 4 scripted-expert episodes (run `expert`), the SFT data of these tests."""
-    lk = Lake.open(str(tmp_path / "lake"))
-    collect(CollectConfig(env="doors", policy="scripted:doors", tokenizer=str(model), tasks=4, difficulty=1,
-                          template="action", system_prompt=SYSTEM, run_id="expert", progress=False), lk)
+    """A lake holding 4 scripted-expert episodes (run `expert`), the SFT data."""
+    lk = expert_lake(tmp_path / "lake", model)
     yield lk
     lk.close()
 

@@ -12,10 +12,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from tests.helpers import SYSTEM, small_cfg, synthetic, tiny_model_dir, varied_spec
+from tests.helpers import expert_lake, small_cfg, synthetic, tiny_model_dir, varied_spec
 from trajlake.cli import main
-from trajlake.collect.config import CollectConfig
-from trajlake.collect.rollout import collect
 from trajlake.store import Lake
 from trajlake.train import engine as E
 from trajlake.train.batch import collate
@@ -38,9 +36,7 @@ def model(tmp_path_factory):
 @pytest.fixture
 def lake(tmp_path, model):
     """A lake holding 4 scripted-expert episodes (run `expert`), the SFT data."""
-    lk = Lake.open(str(tmp_path / "lake"))
-    collect(CollectConfig(env="doors", policy="scripted:doors", tokenizer=str(model), tasks=4, difficulty=1,
-                          template="action", system_prompt=SYSTEM, run_id="expert", progress=False), lk)
+    lk = expert_lake(tmp_path / "lake", model)
     yield lk
     lk.close()
 
