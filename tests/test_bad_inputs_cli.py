@@ -219,7 +219,7 @@ def test_there_are_at_least_250_generated_cases():
     assert len(GENERATED) + len(EXTRA) >= 250
 
 
-@pytest.mark.parametrize("c", params(GENERATED + EXTRA, catalog_every=10, fast_every=2))
+@pytest.mark.parametrize("c", params(GENERATED + EXTRA, catalog_every=10, fast_every=3))
 def test_bad_option(c, setting, capsys, tmp_path):
     check_case(c, setting, capsys, tmp_path)
 

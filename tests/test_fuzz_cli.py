@@ -24,6 +24,9 @@ NUMBER = st.one_of(st.integers(min_value=-(10**25), max_value=10**25).map(str),
                    st.floats(allow_nan=True, allow_infinity=True).map(repr),
                    st.sampled_from(["nan", "inf", "-inf", "", "1e400", "0x10", "½", "-0"]))
 VALUE = st.one_of(TEXT, NUMBER)
+#: in the slow tier (CI runs it), so that `make test` stays under 8 minutes
+pytestmark = [pytest.mark.slow, pytest.mark.catalog_sample]  # on every catalog
+
 FUZZ = settings(max_examples=12, deadline=None, derandomize=True,
                 suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
 

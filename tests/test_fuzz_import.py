@@ -15,6 +15,9 @@ from hypothesis import strategies as st
 
 from tests.bad_inputs_common import disk_state
 
+#: in the slow tier (CI runs it), so that `make test` stays under 8 minutes
+pytestmark = pytest.mark.slow
+
 FUZZ = settings(max_examples=12, deadline=None, derandomize=True,
                 suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
 
