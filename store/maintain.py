@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import contextlib
 from datetime import datetime, timedelta, timezone
 from datetime import time as datetime_time
 from typing import TYPE_CHECKING, Any
@@ -82,9 +83,7 @@ def _cleanup_old_files(lake: Lake, cur: duckdb.DuckDBPyConnection, grace: timede
             n = len(cur.execute(call, [day - timedelta(days=1, microseconds=1)]).fetchall())
         cur.execute("COMMIT")
     except duckdb.Error:
-        try:
+        with contextlib.suppress(duckdb.Error):  # the transaction may already be gone with the error
             cur.execute("ROLLBACK")
-        except duckdb.Error:
-            pass
         raise
     return n
