@@ -12,18 +12,14 @@ from __future__ import annotations
 
 import importlib
 import math
-import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-import duckdb
-
 from trajlake.errors import TrajlakeError
 from trajlake.registry import Registry
-from trajlake.schemas.tables import TABLES
+from trajlake.rewards.expr_checks import check_regex, check_sql
 from trajlake.sql_text import sql_str
-from trajlake.store.sql_guard import check_filter
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -97,49 +93,6 @@ def _num(v: Any) -> str:
 def _choice(params: dict, key: str, options: tuple[str, ...]) -> None:
     if params[key] not in options:
         raise TrajlakeError(f"{key} must be one of {', '.join(options)}, got {params[key]!r}")
-
-
-# ---- expression checks: against empty tables with the store's schemas ----------------------------------
-_schema_con: duckdb.DuckDBPyConnection | None = None
-
-
-def _schema_db() -> duckdb.DuckDBPyConnection:
-    global _schema_con
-    if _schema_con is None:
-        _schema_con = duckdb.connect()
-        for name in ("episodes", "turns"):
-            _schema_con.execute(TABLES[name].ddl("memory"))
-    return _schema_con
-
-
-def check_sql(expr: str, table: str, what: str) -> None:
-    """Fail with DuckDB's explanation when `expr` is not a valid scalar expression over `table`."""
-    if not isinstance(expr, str) or not expr.strip():
-        raise TrajlakeError(f"{what} must be a non-empty SQL expression")
-    extra = ", NULL::VARCHAR AS prev_observation" if table == "turns" else ""
-    try:
-        duckdb.SQLExpression(expr)  # one expression: a `)` or `;` in it cannot end the query it is pasted into
-    except duckdb.Error as e:
-        raise TrajlakeError(f"{what} {expr!r} is not valid over {table} columns: {_first_line(e)}") from None
-    check_filter(expr, what)  # reading no table or catalog function: it runs on the connection that writes
-    try:
-        _schema_db().execute(f"SELECT CAST(({expr}\n) AS DOUBLE) FROM (SELECT *{extra} FROM {table}) LIMIT 0")
-    except duckdb.Error as e:
-        raise TrajlakeError(f"{what} {expr!r} is not valid over {table} columns: {_first_line(e)}") from None
-
-
-def _first_line(error: Exception) -> str:
-    return str(error).strip().splitlines()[0]
-
-
-def check_regex(pattern: Any) -> None:
-    if not isinstance(pattern, str) or not pattern:
-        raise TrajlakeError("pattern must be a non-empty regular expression")
-    try:
-        re.compile(pattern)
-        _schema_db().execute("SELECT regexp_matches('', ?)", [pattern])
-    except (re.error, duckdb.Error) as e:
-        raise TrajlakeError(f"bad regex {pattern!r}: {str(e).strip().splitlines()[0]}") from None
 
 
 def load_function(ref: Any) -> Callable:
