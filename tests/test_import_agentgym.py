@@ -175,11 +175,28 @@ def test_real_files_counts(real):
     assert lake.count("turns") == result.turns == sum(agent_msgs.values())
     by_env = dict(lake.query("SELECT env, count(*) AS n FROM episodes GROUP BY env").iter_rows())
     assert by_env == {env: sum(len(rows[f]) for f in files if f.parent.name == env) for env in by_env}
-    assert lake.count("tasks") == len({r["item_id"] for rs in rows.values() for r in rs})
+    assert lake.count("tasks") == len({(f.stem, r["item_id"]) for f, rs in rows.items() for r in rs})
+    by_split = lake.query("SELECT e.env, t.split, count(*) AS n FROM episodes e JOIN tasks t USING (task_id) "
+                          "GROUP BY ALL").rows()
+    assert sorted(by_split) == sorted((f.parent.name, f.stem, len(rows[f])) for f in files)
     assert lake.query("SELECT count(*) AS n FROM turns WHERE done")["n"][0] == result.episodes
     run = lake.query("SELECT kind, status, config FROM runs").row(0)
     assert run[:2] == ("import", "finished") and len(json.loads(run[2])["files"]) == len(files)
     assert lake.query("SELECT policy_id FROM policies")["policy_id"].to_list() == ["agentgym-expert"]
+
+
+@pytest.mark.parametrize("order", [("val", "train"), ("train", "val")])
+def test_each_episode_keeps_its_files_split_whatever_the_import_order(order, tmp_path, tok_path):
+    """OpenManus-RL's babyai val and train files share 20 item ids: each file's episodes keep its split."""
+    files = [AGENTGYM / "babyai" / f"{split}.parquet" for split in order]
+    if not all(f.is_file() for f in files):
+        pytest.skip(f"no babyai data under {AGENTGYM}")
+    with Lake.open(str(tmp_path / "lake")) as lake:
+        for f in files:  # one import per file, in this order
+            import_agentgym(lake, [f], str(tok_path), progress=False)
+        got = dict(lake.query("SELECT t.split, count(*) AS n FROM episodes e JOIN tasks t USING (task_id) "
+                              "GROUP BY ALL").rows())
+    assert got == {f.stem: len(read_records(f)) for f in files}
 
 
 def test_real_files_token_exact(real, tok):
@@ -253,22 +270,24 @@ def test_jsonl_json_and_parquet_written_here(tmp_path, tok_path):
     assert (res.episodes, res.turns, res.episodes_inserted) == (4, 8, 4)
     assert len(res.snapshots) == 3  # two chunks, then the run is marked finished
     eps = {r["task_id"]: r for r in lake.query("SELECT * FROM episodes").to_dicts()}
-    assert [eps[f"textcraft_{i}"]["success"] for i in (1, 2, 3)] == [True, False, None]
-    assert eps["textcraft_1"]["env_reward"] == 1.0 and eps["babyai_7"]["env"] == "babyai"
-    assert eps["babyai_7"]["success"] is False and eps["babyai_7"]["num_turns"] == 2
+    assert [eps[t]["success"] for t in ("train/textcraft_1", "train/textcraft_2", "test/textcraft_3")] == [
+        True, False, None]
+    assert eps["train/textcraft_1"]["env_reward"] == 1.0 and eps["val/babyai_7"]["env"] == "babyai"
+    assert eps["val/babyai_7"]["success"] is False and eps["val/babyai_7"]["num_turns"] == 2
     tasks = {r["task_id"]: r for r in lake.query("SELECT * FROM tasks").to_dicts()}
-    assert [tasks[t]["split"] for t in ("textcraft_1", "babyai_7", "textcraft_3")] == ["train", "val", "test"]
-    assert json.loads(tasks["textcraft_1"]["ground_truth"]) == {"item": 1}
-    assert tasks["textcraft_1"]["instruction"] == "You are a crafter.\n\nGoal: craft item 1."
+    assert [tasks[t]["split"] for t in ("train/textcraft_1", "val/babyai_7", "test/textcraft_3")] == [
+        "train", "val", "test"]
+    assert json.loads(tasks["train/textcraft_1"]["ground_truth"]) == {"item": 1}
+    assert tasks["train/textcraft_1"]["instruction"] == "You are a crafter.\n\nGoal: craft item 1."
     t = lake.query("SELECT * FROM turns ORDER BY episode_id, turn").to_dicts()
     by_ep = {}
     for x in t:
         by_ep.setdefault(x["episode_id"], []).append(x)
-    bab = by_ep[eps["babyai_7"]["episode_id"]]  # null loss everywhere: every gpt message is an agent turn
+    bab = by_ep[eps["val/babyai_7"]["episode_id"]]  # null loss everywhere: every gpt message is an agent turn
     assert [(x["action"], x["format_ok"], x["done"]) for x in bab] == [("look", True, False), (None, False, True)]
     assert bab[1]["observation"] == "You see a key."
     assert json.loads(bab[1]["info"])["after_last_turn"] == [{"role": "user", "content": "Time is up."}]
-    tc = by_ep[eps["textcraft_1"]["episode_id"]]
+    tc = by_ep[eps["train/textcraft_1"]["episode_id"]]
     assert [x["action"] for x in tc] == ["inventory", "get 1 stick"]
     assert tc[0]["observation"] == "You are a crafter.\n\nGoal: craft item 1."  # the "OK" reply is context
     assert "OK. I'll follow" in AutoTokenizer.from_pretrained(tok_path).decode(tc[0]["prompt_token_ids"])

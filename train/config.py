@@ -74,7 +74,8 @@ class TrainConfig(RolloutConfig):
     """Tasks per iteration."""
     rotate_tasks: bool = True
     """Iteration i plays tasks [i * tasks, (i + 1) * tasks) of the split, so no two iterations repeat a task
-    (OpenManus-RL replays the same ones every step); False plays the first `tasks` every iteration."""
+    (OpenManus-RL replays the same ones every step), around again from the start of a split with an end (an
+    AgentGym server's train split); False plays the first `tasks` every iteration."""
     samples: int = 4
     """Samples per task: the group size K of GRPO (>= 2 for grpo, else every advantage is 0)."""
     iterations: int = 10

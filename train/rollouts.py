@@ -26,16 +26,36 @@ def _in_memory_policy(engines: E.Engines, policy_id: str, path: str):
                     device=str(D.device()))
 
 
+def rotation_offset(iteration: int, tasks: int, split_size: int | None) -> int:
+    """The first task of iteration `iteration` (from 0) when each plays the next `tasks` tasks of a split: block
+    after block, and on a split with an end (`split_size` tasks) around again from its start, so that a train
+    run never reaches past its split into another's tasks. The last `split_size % tasks` tasks of a bounded
+    split are left out of the rotation, which cycles through whole blocks."""
+    if split_size is None:
+        return iteration * tasks
+    blocks = split_size // tasks
+    if blocks == 0:
+        raise TrajlakeError(f"tasks per iteration ({tasks}) exceed the split's {split_size} tasks; lower tasks")
+    return (iteration % blocks) * tasks
+
+
 def rollout_config(r: Run, policy_id: str, it: int):
     """The collect run of iteration `it` (from 0) of this train run (collect's own checks run on it): the
-    train config's rollout settings, sampled with seed + it, on the next `tasks` tasks of the split."""
+    train config's rollout settings, sampled with seed + it, on the next `tasks` tasks of the split
+    (`rotation_offset`)."""
+    from dataclasses import replace
+
     from trajlake.collect.config import CollectConfig, rollout_fields
+    from trajlake.collect.envs import make_env
 
     c = r.cfg
-    return CollectConfig(**rollout_fields(c, concurrency=min(c.concurrency, c.tasks * c.samples)),
-                         policy=f"policy:{policy_id}", tasks=c.tasks, samples=c.samples, seed=c.seed + it,
-                         task_offset=it * c.tasks if c.rotate_tasks else 0, run_id=f"{r.run_id}/it-{it + 1}",
-                         progress=False, run_kind="collect", parent_run_id=r.run_id)
+    cc = CollectConfig(**rollout_fields(c, concurrency=min(c.concurrency, c.tasks * c.samples)),
+                       policy=f"policy:{policy_id}", tasks=c.tasks, samples=c.samples, seed=c.seed + it,
+                       run_id=f"{r.run_id}/it-{it + 1}", progress=False, run_kind="collect", parent_run_id=r.run_id)
+    if not c.rotate_tasks:
+        return cc
+    size = make_env(cc.env, **cc.env_args).split_size(cc.split)
+    return replace(cc, task_offset=rotation_offset(it, c.tasks, size))
 
 
 def eval_config(r: Run, policy_id: str, step: int):

@@ -43,8 +43,8 @@ def _tool(name: str, title: str, what: str, tools: str, n: int) -> Preset:
         name, title, f"{what} Tools: {tools}. {_TOOL_FORMAT}", "TOOL with Action Input: {...} | finish",
         win_reward_at_least_one, create_task_field="id", id_field="env_idx", reset_field="id",
         first_observation="observe", can_close=False, cumulative_reward=True, clean_action=tool_call_line,
-        create_returns_bare_int=True, splits={"test": (0, 20), "train": (20, n)} if n > 20 else {"test": (0, n)},
-        max_turns=20)
+        create_returns_bare_int=True, size=n,
+        splits={"test": (0, 20), "train": (20, n)} if n > 20 else {"test": (0, n)}, max_turns=20)
 
 
 PRESETS: dict[str, Preset] = {p.name: p for p in [
@@ -60,7 +60,8 @@ PRESETS: dict[str, Preset] = {p.name: p for p in [
         "ingredient such as planks may be given as a specific kind, e.g. oak planks).",
         "get N ITEM | craft N ITEM using N A, N B | inventory",
         win_reward_at_least_one, create_body={}, clean_action=first_line_alnum,
-        invalid_prefixes=("Could not", "Wrong item format"), expert=_textcraft_expert, max_turns=30),
+        invalid_prefixes=("Could not", "Wrong item format"), expert=_textcraft_expert, max_turns=30,
+        size=544),  # its server picks goal `data_idx % 544` of the recipe tree's goals, sorted by crafting depth
     Preset(
         "babyai", "BabyAI",
         "You are in a grid room and must achieve the goal stated in the first message. Each observation "
@@ -75,7 +76,7 @@ PRESETS: dict[str, Preset] = {p.name: p for p in [
         "and the walls around you. Moving down adds 1 to your x position, moving right adds 1 to your y.",
         "move up | move down | move left | move right",
         win_reward_at_least_one, prefix="maze", reset_field="game", can_close=False, clean_action=first_line,
-        splits={"test": (0, 25)}, max_turns=50),
+        size=25, splits={"test": (0, 25)}, max_turns=50),
     Preset(
         "wordle", "LMRL-Gym",
         "Guess a hidden five-letter word in at most six tries. Write a guess as its letters separated by "
@@ -100,7 +101,7 @@ PRESETS: dict[str, Preset] = {p.name: p for p in [
         "heat/cool/clean OBJ with RECEP | examine OBJ | use OBJ | inventory | look",
         win_reward_at_least_one, reset_field="game", reset_extra=(("world_type", "Text"),), can_close=False,
         reset_suffix_key="available_actions", clean_action=first_line, invalid_prefixes=("Nothing happened",),
-        splits={"test": (2420, 2620), "train": (0, 2420)}, max_turns=50),
+        size=2620, splits={"test": (2420, 2620), "train": (0, 2420)}, max_turns=50),
     Preset(
         "sciworld", "ScienceWorld",
         "Carry out a science experiment in a text world; the task is stated in the first message. Use the "
@@ -118,7 +119,7 @@ PRESETS: dict[str, Preset] = {p.name: p for p in [
         "```sql SELECT ...; ```",
         win_reward_at_least_one, id_field="env_idx", reset_field="item_id", obs_key="state",
         first_observation="observe", can_close=False, clean_action=sql_from_block, create_returns_bare_int=True,
-        splits={"test": (9428, 9628), "val": (9628, 9828), "train": (0, 9428)}, max_turns=1),
+        size=9828, splits={"test": (9428, 9628), "val": (9628, 9828), "train": (0, 9428)}, max_turns=1),
     _tool("weather", "weather", "Answer a question about the weather by calling weather tools.",
           "get_user_current_date, get_user_current_location, get_latitude_longitude, get_current_temp, "
           "get_temp_forecast, get_historical_temp, get_current_rain, get_rain_forecast, get_historical_rain, "

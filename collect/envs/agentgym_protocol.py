@@ -9,14 +9,25 @@ per environment, read off AgentGym's own client and server for it (../shared/age
 
 from __future__ import annotations
 
+import itertools
 import re
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
-#: Data-index splits of a server that lists no tasks: split -> (first index, end index or None). The test split
-#: comes first because AgentGym's published evaluation sets are the low indices; train starts past val.
+#: Data-index splits of a server that lists no tasks and whose data size is unknown (its tasks are seeds): split ->
+#: (first index, end index or None). The test split comes first because AgentGym's published evaluation sets are
+#: the low indices; train starts past val and has no end.
 DEFAULT_SPLITS: dict[str, tuple[int, int | None]] = {"test": (0, 100), "val": (100, 200), "train": (200, None)}
+
+
+def bounded_splits(size: int, test: int = 100, val: int = 100) -> dict[str, tuple[int, int]]:
+    """Disjoint splits of a server holding `size` tasks (data indices 0..size-1): test first, then val, train the
+    rest, each ending where the next begins and train at `size`, so no index is ever asked past the data (a
+    server that wraps its index, as TextCraft's does, would hand a train episode a test goal)."""
+    if size <= test + val:
+        raise ValueError(f"a server of {size} tasks is too small for {test} test and {val} val tasks and a train split")
+    return {"test": (0, test), "val": (test, test + val), "train": (test + val, size)}
 
 
 @dataclass(frozen=True)
@@ -150,8 +161,14 @@ class Preset:
     expert: Callable[[], Any] | None = None
     """A scripted expert that plays from the observations alone (tasks of AgentGym servers carry no ground
     truth), for warm-start data and tests; None when there is none."""
-    splits: dict[str, tuple[int, int | None]] = field(default_factory=lambda: dict(DEFAULT_SPLITS))
-    """Task indices per split when the server lists no tasks (see DEFAULT_SPLITS)."""
+    size: int | None = None
+    """How many distinct tasks the server holds (data indices 0..size-1): TextCraft's 544 goals, which its server
+    picks by index modulo 544, so index 544 is goal 0 again. None where the server's tasks are seeds or its data
+    size is not known: its train split then has no end."""
+    splits: dict[str, tuple[int, int | None]] | None = None
+    """Task indices per split when the server lists no tasks: split -> (first index, end index). None: the
+    bounded_splits of `size` when there is one, else DEFAULT_SPLITS. Splits never overlap, and with a `size`
+    every split ends within it."""
     max_turns: int = 30
     """A sensible turn cap for this environment (its servers set none of their own, or a large one)."""
     template: str = "react"
@@ -162,9 +179,48 @@ class Preset:
     """/create replies `N` rather than `{"id": N}` (WebShop, SQLGym): only trajlake's imitation server reads
     this, to answer in that shape; the client accepts both."""
 
+    def __post_init__(self):
+        if self.splits is None:
+            object.__setattr__(self, "splits", bounded_splits(self.size) if self.size else dict(DEFAULT_SPLITS))
+        if self.send_task:  # the server lists each split's tasks itself: the splits here are only their names
+            return
+        ranges = sorted((start, end, name) for name, (start, end) in self.splits.items())
+        for (_, end, name), (start, _, after) in itertools.pairwise(ranges):
+            if end is None or end > start:
+                raise ValueError(f"preset {self.name}: splits {name} and {after} overlap")
+        for name, (start, end) in self.splits.items():
+            if self.size is not None and (end is None or end > self.size):
+                raise ValueError(f"preset {self.name}: split {name} ends past the server's {self.size} tasks")
+            if end is not None and end <= start:
+                raise ValueError(f"preset {self.name}: split {name} is empty ({start}..{end})")
+
     @property
     def env_name(self) -> str:
         return f"agentgym/{self.name}"
+
+    def split_size(self, split: str) -> int | None:
+        """How many tasks `split` holds; None when it has no end (a server whose data size is unknown)."""
+        start, end = self.split_range(split)
+        return None if end is None else end - start
+
+    def split_range(self, split: str) -> tuple[int, int | None]:
+        """(first data index, end index or None) of `split`; ValueError naming the valid splits."""
+        if split not in self.splits:
+            raise ValueError(f"unknown split {split!r} for {self.env_name}; valid: {', '.join(self.splits)}")
+        return self.splits[split]
+
+    def check_index(self, index: int, split: str | None) -> None:
+        """ValueError unless data index `index` lies in `split` (when the split is one of this server's) and in
+        the server's data: an index past either end is refused, never wrapped onto another split's task."""
+        if self.size is not None and not 0 <= index < self.size:
+            raise ValueError(f"{self.env_name} has {self.size} tasks (data indices 0..{self.size - 1}); "
+                             f"data index {index} is past its end")
+        if split in self.splits:
+            start, end = self.splits[split]
+            if index < start or (end is not None and index >= end):
+                span = f"{start}..{end - 1}" if end is not None else f"{start} and up"
+                raise ValueError(f"{self.env_name} split {split!r} is data indices {span}; data index {index} is "
+                                 "outside it")
 
     def is_valid(self, observation: str) -> bool | None:
         """Whether the step was carried out, judged from its observation; None when this env does not say."""

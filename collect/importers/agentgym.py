@@ -13,7 +13,8 @@ human/user, gpt/assistant or system. Mapping decisions:
   `trajlake.collect.chat`, ``response_logprobs`` null (unknown for imported data), ``done`` on the last
   turn. Messages after the last agent turn are kept in that turn's ``info.after_last_turn``.
 * Episode: env = the ``env`` argument, else ``data_source``, else the ``item_id`` prefix
-  (``textcraft_31`` -> ``textcraft``); task_id = ``item_id`` (else a hash of the first observation);
+  (``textcraft_31`` -> ``textcraft``); task_id = ``SPLIT/ITEM`` with ITEM the ``item_id`` (else a hash of
+  the first observation): ``train/textcraft_31``, so that files of two splits sharing item ids keep their own;
   success = ``success`` if given, else ``reward``/``score`` > 0, else null; status "ok".
 * Task (first row of an item wins): instruction = the first turn's observation (the first human message
   alone is often a generic preamble: the goal comes later), ground_truth = ``reward_model.ground_truth``
@@ -263,11 +264,15 @@ def _parse_row(row: Mapping, path: Path, sha: str, index: int, tok_fp: str, env_
         turns[-1]["info"]["after_last_turn"] = messages[last + 1:]
 
     first_obs = turns[0]["observation"]
-    task_id = str(item_id) if item_id else f"{env}_{hashlib.sha256(first_obs.encode()).hexdigest()[:12]}"
     extra = row.get("extra_info") if isinstance(row.get("extra_info"), Mapping) else {}
     split = extra.get("split")
-    if split in (env, row.get("data_source")):  # OpenManus-RL's files put the env name there
+    if not isinstance(split, str) or split in (env, row.get("data_source")):  # OpenManus-RL's: the env name
         split = None
+    split = split_arg or split or path.stem
+    # the split is part of the id: OpenManus-RL's babyai val and train files share item ids, and a task row
+    # (its split) is written once, so the file imported first would otherwise decide the other's split
+    item = str(item_id) if item_id else f"{env}_{hashlib.sha256(first_obs.encode()).hexdigest()[:12]}"
+    task_id = f"{split}/{item}"
     rm = row.get("reward_model") if isinstance(row.get("reward_model"), Mapping) else {}
     ground_truth = _maybe_json(rm.get("ground_truth"))
     check_depth(ground_truth, f"{where}: `reward_model.ground_truth`")
@@ -278,7 +283,7 @@ def _parse_row(row: Mapping, path: Path, sha: str, index: int, tok_fp: str, env_
     episode_id = str(uuid.uuid5(NAMESPACE, f"{sha}/{index}/{tok_fp}"))
     return {
         "id": episode_id, "messages": messages, "agent": agent, "turns": turns, "where": where,
-        "task": Task(task_id, env, split=split_arg or split or path.stem, instruction=first_obs,
+        "task": Task(task_id, env, split=split, instruction=first_obs,
                      ground_truth=ground_truth, meta=meta or None),
         "episode": dict(episode_id=episode_id, task_id=task_id, env=env, status="ok", success=success,
                         env_reward=reward, num_turns=len(turns)),
