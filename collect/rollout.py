@@ -210,6 +210,7 @@ class Rollout:
     def run(self) -> str:
         lease = None
         try:
+            self.probe_env.check_server()  # a server of another environment is refused before anything is stored
             tasks = self._tasks()
             resumed = stored_run(self.lake, self.config, self.system)  # refuses other settings, writing nothing
             pending = self._pending(tasks)

@@ -13,6 +13,10 @@ them); its `Preset` (agentgym_presets.py) says how that server speaks. A user na
 `info` has `score` (0..1) when the server sends one, `valid` when the environment says whether the action was
 carried out, and, once done, `success` as that environment defines it. `agentgym/trajlake` plays trajlake's own
 server (`trajlake serve-env`), which lists its tasks and sends each whole task to /reset.
+
+Before its first /create a client reads the server's greeting (`GET /`, "This is environment TextCraft."):
+a server that names another environment is refused (`check_server`), so a BabyAI server is never played as
+TextCraft and its wins never stored as failures. A greeting that names no known environment is accepted.
 """
 
 from __future__ import annotations
@@ -89,6 +93,7 @@ class AgentGymClient:
         self.env_id: Any = None  # the remote instance of the current episode
         self.observation: str | None = None
         self._progress = 0.0  # the last progress of a cumulative-reward server
+        self._greeted: str | None = None  # the URL whose greeting check_server accepted
 
     # ---- the Env protocol ----------------------------------------------------------------------------
 
@@ -108,6 +113,31 @@ class AgentGymClient:
                              f"asked for {n}")
         return [Task(task_id=f"{self.name}/{split}/{i}", env=self.name, split=split, seed=i, meta={"data_idx": i})
                 for i in range(start, start + n)]
+
+    def check_server(self) -> None:
+        """Refuse (EnvServerError, one line) a server whose greeting names another environment and not this one.
+
+        Done once per URL, before anything is played or stored (collect's setup calls it): a server of another
+        environment otherwise answers this protocol with games it scores its own way. A greeting that names no
+        known environment ("ok", or no greeting at all) is accepted: servers that say little stay playable. An
+        unreachable server fails as every request does, after the retries.
+        """
+        if self._greeted is not None and self._greeted == self.url:
+            return
+        url = self._base() + "/"
+        r = self._send("GET", url)
+        greeting = _text(r) if r.status_code == 200 else ""
+        own = self.preset.title
+        if not greets_as(greeting, own):
+            others = [p for p in named_presets(greeting) if p.title.lower() != own.lower()]
+            if others:
+                instead = " or ".join(f"--env {p.env_name}" for p in others)
+                raise EnvServerError(f"env {self.name} wants a {own} server, but the server at {self.url} greets "
+                                     f"{_clip(' '.join(greeting.split()), 80)!r}: pass {instead} instead "
+                                     f"(or the --env-url of a {own} server)", r.status_code)
+            log.debug("the server at %s greets %r, naming no known environment: playing it as %s",
+                      self.url, _clip(greeting, 80), self.name)
+        self._greeted = self.url
 
     def reset(self, task: Task) -> str:
         """Close the last episode's instance, create one and reset it to `task`; the first observation."""
@@ -186,9 +216,13 @@ class AgentGymClient:
 
     # ---- HTTP ----------------------------------------------------------------------------------------
 
-    def _url(self, route: str) -> str:
+    def _base(self) -> str:
         if not self.url:
             raise TrajlakeError(f"env {self.name} plays an AgentGym server: give its URL (--env-url URL)")
+        return self.url
+
+    def _url(self, route: str) -> str:
+        self._base()
         prefix = self.preset.prefix.strip("/")
         # LMRL-Gym's README gives the maze server's URL with its prefix (http://host:port/maze): accept both
         if prefix and not self.url.endswith("/" + prefix):
@@ -198,6 +232,20 @@ class AgentGymClient:
     def _request(self, method: str, route: str, body: dict | None = None, params: dict | None = None, *,
                  idempotent: bool = True, retries: int | None = None) -> Any:
         url = self._url(route)
+        r = self._send(method, url, body, params, idempotent=idempotent, retries=retries)
+        if r.status_code != 200:
+            raise EnvServerError(f"{method} {url}: HTTP {r.status_code}: {_clip(r.text)}", r.status_code)
+        try:
+            data = r.json()
+        except ValueError:
+            raise EnvServerError(f"{method} {url}: reply is not JSON: {_clip(r.text)}", 200) from None
+        if isinstance(data, dict) and "error" in data:
+            raise EnvServerError(f"{method} {url}: server error: {data['error']}", 200)
+        return data
+
+    def _send(self, method: str, url: str, body: dict | None = None, params: dict | None = None, *,
+              idempotent: bool = True, retries: int | None = None) -> requests.Response:
+        """The reply to one request, whatever its status, retrying what is safe to send again (see the class)."""
         attempts = 1 + (self.retries if retries is None else retries)
         for attempt in range(attempts):
             try:
@@ -213,21 +261,11 @@ class AgentGymClient:
                 raise EnvServerError(f"{method} {url}: {type(e).__name__}: {_reason(e)}") from e
             else:
                 if r.status_code != 503:
-                    break
+                    return r
                 why = "HTTP 503 (busy)"  # WebShop's server answers 503 before it does any work: ask again
             if attempt + 1 < attempts:
                 time.sleep(self.backoff * 2**attempt)
-        else:
-            raise EnvServerError(f"{method} {url}: {why} (after {attempts} attempts)")
-        if r.status_code != 200:
-            raise EnvServerError(f"{method} {url}: HTTP {r.status_code}: {_clip(r.text)}", r.status_code)
-        try:
-            data = r.json()
-        except ValueError:
-            raise EnvServerError(f"{method} {url}: reply is not JSON: {_clip(r.text)}", 200) from None
-        if isinstance(data, dict) and "error" in data:
-            raise EnvServerError(f"{method} {url}: server error: {data['error']}", 200)
-        return data
+        raise EnvServerError(f"{method} {url}: {why} (after {attempts} attempts)")
 
     def _listed_tasks(self, split: str, n: int | None, difficulty: int | None) -> list[Task]:
         params = {"split": split, "n": n, "difficulty": difficulty}
@@ -300,11 +338,31 @@ def detect_preset(url: str, timeout: float = 5.0) -> str:
         raise EnvServerError(f"GET {url}: cannot connect ({_reason(e)})") from e
     # LMRL-Gym serves maze and wordle alike, and several servers just say "ok": those must be named
     titles = [p.title for p in PRESETS.values()]
-    for preset in PRESETS.values():
-        if titles.count(preset.title) == 1 and re.search(rf"\b{re.escape(preset.title)}\b", greeting, re.I):
+    for preset in named_presets(greeting):
+        if titles.count(preset.title) == 1:
             return preset.name
     raise TrajlakeError(f"cannot tell which AgentGym environment serves {url} (it greets {_clip(greeting, 80)!r}); "
                         f"name it: --env agentgym/NAME with NAME one of {', '.join(sorted(PRESETS))}")
+
+
+def greets_as(greeting: str, title: str) -> bool:
+    """Whether `greeting` names the environment `title`: as a whole word, in any case ("This is environment
+    TextCraft." names TextCraft; "TextCraftX" does not)."""
+    return re.search(rf"\b{re.escape(title)}\b", greeting, re.I) is not None
+
+
+def named_presets(greeting: str) -> list[Preset]:
+    """The presets whose title `greeting` names, in PRESETS order (maze and wordle share "LMRL-Gym": both)."""
+    return [p for p in PRESETS.values() if greets_as(greeting, p.title)]
+
+
+def _text(r: requests.Response) -> str:
+    """A reply's text, unquoted when it is a JSON string (FastAPI sends `"This is environment TextCraft."`)."""
+    try:
+        data = r.json()
+    except ValueError:
+        return r.text
+    return data if isinstance(data, str) else r.text
 
 
 def _field(reply: Any, key: str | None) -> Any:

@@ -119,6 +119,10 @@ class Env(ABC):
 
     # ---- episodes ----------------------------------------------------------------------------------
 
+    def check_server(self) -> None:
+        """Refuse, before anything is played or stored, a server that serves another environment. A remote env
+        (AgentGymClient) checks its server's greeting; the envs that run in process have no server to check."""
+
     def reset(self, task: Task) -> str:
         """Start an episode of `task` and return the first observation (it repeats the instruction)."""
         if task.env != self.name:
