@@ -99,6 +99,11 @@ def summarize(episodes: pl.DataFrame, by: list[str], ks: list[int], confidence: 
     return pl.DataFrame(rows) if rows else pl.DataFrame()
 
 
+def held_out_label(contaminated: int, tasks: int) -> str:
+    """How a held-out number reads: `clean` when none of its `tasks` was trained on, else how many were."""
+    return "clean" if contaminated == 0 else f"NOT CLEAN: {contaminated} of {tasks} tasks trained on"
+
+
 def format_summary(summary: pl.DataFrame, digits: int = 2) -> pl.DataFrame:
     """The summary for a terminal: each estimate with its interval in one cell ("0.82 [0.74, 0.88]")."""
     if summary.height == 0:
@@ -122,8 +127,12 @@ def format_summary(summary: pl.DataFrame, digits: int = 2) -> pl.DataFrame:
         r["turns"] = round(row["mean_turns"], digits)
         r["format_errors"] = round(row["format_error_rate"], digits)
         r["tokens"] = round(row["tokens_per_episode"], 1)
+        if "contaminated_tasks" in row:  # a held-out number says whether it is one (evaluate/contamination.py)
+            k = row["contaminated_tasks"]
+            r["held_out"] = None if k is None else held_out_label(k, row["tasks"])
+            r["clean_success"] = cell({**row, "clean_success": row["clean_success_rate"]}, "clean_success")
         out.append(r)
     return pl.DataFrame(out)
 
 
-__all__ = ["z_value", "wilson_interval", "mean_interval", "pass_at_k", "summarize", "format_summary"]
+__all__ = ["z_value", "wilson_interval", "mean_interval", "pass_at_k", "summarize", "format_summary", "held_out_label"]

@@ -33,6 +33,7 @@ from trajlake.collect.config import (
     rollout_fields,
 )
 from trajlake.errors import TrajlakeError
+from trajlake.evaluate.contamination import contamination_notes, with_contamination
 from trajlake.evaluate.metrics import summarize
 from trajlake.sql_text import sql_list
 from trajlake.store import Lake
@@ -218,8 +219,11 @@ def evaluate(config: EvalConfig, lake: Lake) -> EvalResult:
     per_level = summarize(eps, ["policy", "env", "difficulty"], config.pass_ks, config.confidence)
     levels = per_level["difficulty"].n_unique() if per_level.height else 0
     table = pl.concat([overall, per_level], how="diagonal_relaxed") if levels > 1 else overall
-    notes = [f"{errors} episode(s) ended with an env error and are left out: run the same evaluate again to retry "
-             "them"] if errors else []
+    table = with_contamination(lake, table, runs, config.confidence)
+    notes = contamination_notes(table)
+    if errors:
+        notes.append(f"{errors} episode(s) ended with an env error and are left out: run the same evaluate again "
+                     "to retry them")
     return EvalResult(runs=runs, summary=table, spec_id=spec.spec_id, errors=errors, notes=notes)
 
 

@@ -2,7 +2,8 @@
 the snapshot the query reads. Declared here, beside the tables (schemas/tables.py), and attached by the Lake
 itself to each query that names them: no import registers them.
 
-The two views are the allocation of episode rewards to tokens, as queries over turn spans:
+Two views are the allocation of episode rewards to tokens, as queries over turn spans (the others, lineage and
+held-out contamination, are in lineage_views.py):
 
 token_rewards(spec_id, episode_id, turn, position, reward): position is the index in the episode's full
 token sequence (the concatenation of prompt and response ids over its turns); only non-zero entries.
@@ -26,6 +27,8 @@ reads one row per agent segment instead of one per agent token.
 """
 
 from __future__ import annotations
+
+from trajlake.schemas.lineage_views import EPISODE_GOALS_SQL, EVAL_CONTAMINATION_SQL, POLICY_TRAINING_EPISODES_SQL
 
 # One pass over the turns of the scored episodes: their token counts, then one window (every frame over the
 # same partition and order, so one sort) for each agent segment's start position, the agent tokens after it,
@@ -91,6 +94,10 @@ UNION ALL
 SELECT spec_id, episode_id, turn, position + i AS position, reward FROM spans, range(length) AS r(i) WHERE length > 1
 """
 
-#: name -> SELECT over the store's bare table names; each is a temporary view of the `Lake.query` calls that
-#: name it
-VIEWS: dict[str, str] = {"reward_spans": REWARD_SPANS_SQL, "token_rewards": TOKEN_REWARDS_SQL}
+#: name -> SELECT over the store's bare table names and the views before it; each is a temporary view of the
+#: `Lake.query` calls that name it (or name a view that reads it): lineage_views.py says what the last three hold
+VIEWS: dict[str, str] = {
+    "reward_spans": REWARD_SPANS_SQL, "token_rewards": TOKEN_REWARDS_SQL,
+    "policy_training_episodes": POLICY_TRAINING_EPISODES_SQL, "episode_goals": EPISODE_GOALS_SQL,
+    "eval_contamination": EVAL_CONTAMINATION_SQL,
+}

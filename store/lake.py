@@ -32,6 +32,15 @@ from trajlake.store.validate import conform
 
 #: each view's name as a word of a query's text
 _VIEW_NAMES = {name: re.compile(rf"\b{name}\b", re.IGNORECASE) for name in VIEWS}
+
+
+def _views_read_by(sql: str) -> list[str]:
+    """The views `sql` names and the views those read, in VIEWS' order (a view reads only views before it)."""
+    needed: list[str] = []
+    for name in reversed(VIEWS):
+        if _VIEW_NAMES[name].search(sql) or any(_VIEW_NAMES[name].search(VIEWS[n]) for n in needed):
+            needed.append(name)
+    return needed[::-1]
 #: Rows per parquet row group of the lake's data files (DuckLake's default is 122,880). A turn carries about
 #: 500 token ids and as many list levels: DuckDB's parquet writer builds each row group's list levels in
 #: buffers that at 100k turns (about 200 MB) are fresh pages from the OS every time, which made ingest about
@@ -327,10 +336,11 @@ class Lake:
                 self._pin(cur, snapshot)
             for name, table in (tables or {}).items():
                 cur.register(name, table)
-            for name, body in VIEWS.items():  # per query, over the (maybe pinned) bare table names
-                if _VIEW_NAMES[name].search(sql):  # only the views a query names: creating one binds it to the
-                    cur.execute(f"CREATE TEMP VIEW {name} AS {body}")  # tables, which costs time at every
-                    # query, and fails at a snapshot from before a column it reads (a lake of an older version)
+            # per query, over the (maybe pinned) bare table names, only the views a query names and those they
+            # read: creating one binds it to the tables, which costs time at every query, and fails at a snapshot
+            # from before a column it reads (a lake of an older version)
+            for name in _views_read_by(sql):
+                cur.execute(f"CREATE TEMP VIEW {name} AS {VIEWS[name]}")
             try:
                 rel = cur.execute(sql, params) if params else cur.sql(sql)
                 if rel is None:

@@ -139,7 +139,7 @@ def shaped_transcript(env, task: Task, local_task: Task, preset: Preset) -> list
 @pytest.mark.parametrize("name", sorted(set(PRESETS) - {"trajlake"}))
 def test_each_preset_against_a_server_shaped_like_it(name):
     # the imitation generates tasks 0..i to reach data index i: low indices keep it fast (splits are tested above)
-    preset = dataclasses.replace(PRESETS[name], splits={"test": (0, 100)})
+    preset = dataclasses.replace(PRESETS[name], size=None, splits={"test": (0, 100)})
     with serve_env("maze", preset=preset) as srv:
         client = AgentGymClient(srv.url, preset, **FAST)
         local_tasks = make_env("maze").tasks("test", n=3)

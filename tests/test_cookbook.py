@@ -33,6 +33,8 @@ COLUMNS = {
                        "mean_env_reward"],
     "rollouts_of_policy": ["policy_id", "train_run", "spec_id", "step_rows", "episodes", "episode_uses", "rollout_runs",
                            "played_by", "success_rate"],
+    "contamination": ["eval_run", "policy_id", "env", "split", "tasks", "contaminated_tasks", "episodes",
+                      "success_rate", "clean_tasks", "clean_episodes", "clean_success_rate"],
 }
 
 

@@ -102,17 +102,19 @@ class AgentGymClient:
         split is the server's data index `Preset.splits[split][0] + i` (id "agentgym/NAME/SPLIT/INDEX")."""
         if self.preset.send_task:
             return self._listed_tasks(split, n, difficulty)
-        if split not in self.preset.splits:
-            raise ValueError(f"unknown split {split!r} for {self.name}; valid: {', '.join(self.preset.splits)}")
+        start, end = self.preset.split_range(split)
         if difficulty is not None:
             raise ValueError(f"{self.name} has no difficulty levels; leave difficulty unset")
-        start, end = self.preset.splits[split]
         n = (100 if end is None else end - start) if n is None else n
         if end is not None and start + n > end:
             raise ValueError(f"{self.name} split {split!r} has {end - start} tasks (data indices {start}..{end - 1}); "
                              f"asked for {n}")
         return [Task(task_id=f"{self.name}/{split}/{i}", env=self.name, split=split, seed=i, meta={"data_idx": i})
                 for i in range(start, start + n)]
+
+    def split_size(self, split: str) -> int | None:
+        """How many tasks `split` holds (None: no end, the server's tasks are seeds or it lists its own)."""
+        return None if self.preset.send_task else self.preset.split_size(split)
 
     def check_server(self) -> None:
         """Refuse (EnvServerError, one line) a server whose greeting names another environment and not this one.
@@ -145,6 +147,8 @@ class AgentGymClient:
         self._release()
         self._progress = 0.0
         selector = None if p.send_task else task_selector(task)
+        if selector is not None:  # refused before anything reaches the server, which may wrap the index
+            p.check_index(selector, task.split)
         body = dict(p.create_body) if p.create_body is not None else None
         if p.create_task_field:
             body = {**(body or {}), p.create_task_field: selector}

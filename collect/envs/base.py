@@ -101,6 +101,10 @@ class Env(ABC):
             n = DEFAULT_N[split] * len(levels)
         return [self._task(split, levels[i % len(levels)], i // len(levels)) for i in range(n)]
 
+    def split_size(self, split: str) -> int | None:
+        """How many tasks `split` holds; None: no end (the built-ins draw tasks from seeds, splits never meet)."""
+        return None
+
     def _task(self, split: str, difficulty: int, index: int) -> Task:
         base = SPLITS.index(split) * 10**12 + difficulty * 10**10 + index * _MAX_ATTEMPTS
         for attempt in range(_MAX_ATTEMPTS):
