@@ -169,7 +169,7 @@ def test_noisy_expert_guesses_where_the_key_is_hidden(tiny, shared, tmp_path):
     ("scripted:doors?noise", "unknown expert option 'noise'; valid (0 <= P <= 1): noise=P"),
     ("scripted:doors?noise=0.1&verbose=2", "verbose must be a probability between 0 and 1, got '2'"),
     ("scripted:doors?verbose=0.5", "the plain template has no thought to make verbose"),
-    ("scripted:maze?noise=0.5", "the maze expert has no hasty guess to play, so it has no noisy variant"),
+    ("scripted:maze?random=1.5", "random must be a probability between 0 and 1, got '1.5'"),
 ])
 def test_noisy_expert_spec_errors(spec, message):
     env = spec.split(":")[1].split("?")[0]

@@ -44,11 +44,26 @@ class Expert(ABC):
         """The next action, as the plain action string the env parses (e.g. "move north")."""
 
     def guess(self, observation: str, rng: random.Random) -> str | None:
-        """What a hasty demonstrator does instead of `act`: a plausible action chosen from the observation alone,
-        without the ground truth (None where it would act as the expert does). The noisy expert
-        (`scripted:ENV?noise=P`) plays it with probability P; an expert that does not override this has no
-        guess, and its env refuses noise."""
+        """What a hasty demonstrator does instead of `act`: the env's typical mistake, made from what the player
+        has been told, without the ground truth (None where it would act as the expert does). The noisy
+        expert (`scripted:ENV?noise=P`) plays it with probability P. It is asked right after `act` answered
+        the same observation, so it may read what `act` learned from it. An expert that does not override
+        this has no hasty mistake: its noise is another valid action (`valid_actions`) instead."""
         return None
+
+    def valid_actions(self, observation: str) -> list[str] | None:
+        """The actions the env would accept now (understood and playable, not necessarily good), read from
+        `observation` and what the expert has tracked; the expert's own next action may be among them. A noisy
+        demonstrator (`scripted:ENV?random=P`, and `noise=P` where there is no `guess`) plays another one of
+        them. Asked right after `act` answered the same observation. None (this default) where the expert
+        cannot tell: such an expert has no random variant. An empty list is a turn with nothing else to play."""
+        return None
+
+    def overruled(self, action: str) -> None:
+        """The action `act` just returned was not played: `action` (a noisy demonstrator's mistake) was. An
+        expert that follows a precomputed plan, or reads the next reply as the answer to its own action,
+        updates its state here; this default does nothing, which is right for an expert that reads everything
+        it needs from each observation."""
 
 
 class Env(ABC):

@@ -126,6 +126,8 @@ class CraftingExpert(Expert):
     def reset(self, task: Task) -> None:
         super().reset(task)
         self.recipes = {item: list(ings) for item, ings in task.ground_truth["recipes"]}
+        # the base items the first observation lists: every ingredient no recipe makes
+        self.base = sorted({i for ings in self.recipes.values() for i in ings} - set(self.recipes))
         self.inv: Counter = Counter()
 
     def act(self, observation: str) -> str:
@@ -134,3 +136,10 @@ class CraftingExpert(Expert):
             self.inv = parse_inventory(found[-1])
         steps = plan(self.task.ground_truth["goal"], self.recipes, Counter(self.inv))
         return steps[0] if steps else "inventory"
+
+    def valid_actions(self, observation: str) -> list[str]:
+        """Getting any base item (a distractor's too), crafting any listed item whose ingredients are held,
+        and looking at the inventory. A craft with an ingredient missing is left out: the env answers it
+        without crafting anything, so it is no action a player who knows the inventory would take."""
+        crafts = [f"craft {item}" for item, ings in self.recipes.items() if Counter(ings) <= self.inv]
+        return [f"get {b}" for b in self.base] + crafts + ["inventory"]

@@ -84,7 +84,20 @@ class DoorsEnv(Env):
 class DoorsExpert(Expert):
     """Opens the door the observation names; reads the sign when the observation does not name one."""
 
+    def reset(self, task: Task) -> None:
+        super().reset(task)
+        self.doors: list[str] = []  # the doors of the room the player is in, and whether it has a sign
+        self.sign = False
+
+    def _see(self, observation: str) -> None:
+        """Remember the room the observation describes (a reply to "read sign" describes none: keep the last)."""
+        rooms = list(DOORS_RE.finditer(observation))
+        if rooms:
+            self.doors = rooms[-1].group(1).split(", ")
+            self.sign = "sign is here" in observation[rooms[-1].end():]
+
     def act(self, observation: str) -> str:
+        self._see(observation)
         named = KEY_RE.findall(observation)
         if named:
             return f"open {named[-1]}"
@@ -99,3 +112,8 @@ class DoorsExpert(Expert):
         if KEY_RE.search(observation) or "sign is here" not in observation or not doors:
             return None
         return f"open {rng.choice(doors[-1].split(', '))}"
+
+    def valid_actions(self, observation: str) -> list[str]:
+        """Opening any door of the room (a wrong one loses, but the env accepts it), and reading its sign."""
+        self._see(observation)
+        return [f"open {d}" for d in self.doors] + (["read sign"] if self.sign else [])

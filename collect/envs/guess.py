@@ -76,7 +76,8 @@ class GuessExpert(Expert):
 
     def reset(self, task: Task) -> None:
         super().reset(task)
-        self.lo, self.hi = task.ground_truth["low"], task.ground_truth["high"]
+        self.low, self.high = task.ground_truth["low"], task.ground_truth["high"]  # told in the first observation
+        self.lo, self.hi = self.low, self.high
 
     def act(self, observation: str) -> str:
         for word, n in FEEDBACK_RE.findall(observation):
@@ -85,3 +86,8 @@ class GuessExpert(Expert):
             else:
                 self.hi = min(self.hi, int(n) - 1)
         return f"guess {(self.lo + self.hi) // 2}"
+
+    def valid_actions(self, observation: str) -> list[str]:
+        """Every number of the range (one the feedback already ruled out too: a wasted guess, but accepted).
+        The expert reads the feedback to whatever was guessed, so it needs no word of a guess it did not make."""
+        return [f"guess {n}" for n in range(self.low, self.high + 1)]

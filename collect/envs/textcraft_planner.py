@@ -22,6 +22,7 @@ It never imports nor copies the server's code; tests play it against the real se
 from __future__ import annotations
 
 import math
+import random
 import re
 from collections import Counter
 from collections.abc import Iterable
@@ -89,11 +90,13 @@ class Knowledge:
 
 @dataclass(frozen=True)
 class Step:
-    """One planned action; for a craft, also its recipe and the kind used for each generic ingredient."""
+    """One planned action; for a craft, also its recipe and the kind used for each generic ingredient.
+    `mistake`: played on purpose by a noisy demonstrator, so its failure teaches the planner nothing."""
 
     action: str
     recipe: Recipe | None = None
     kinds: tuple[tuple[str, str], ...] = ()
+    mistake: bool = False
 
     def used(self) -> list[tuple[str, int]]:
         """The (item, count) a craft takes out of the inventory."""
@@ -238,6 +241,8 @@ class TextCraftPlanner(Expert):
         self.last: Step | None = None  # the previous action, to read its reply
         self.failures: Counter = Counter()  # action -> times refused
         self.check_inventory = False
+        self.checking = False  # the last action was that look
+        self.got: set[str] = set()  # names `get` gave: raw items for sure
 
     def act(self, observation: str) -> str:
         """The next action for `observation`; never raises."""
@@ -261,8 +266,8 @@ class TextCraftPlanner(Expert):
         return plan_steps(self.goal, self.recipes, self.inventory, self.knowledge)
 
     def _next(self) -> Step:
-        if self.check_inventory:
-            self.check_inventory = False
+        self.checking, self.check_inventory = self.check_inventory, False
+        if self.checking:
             return Step(INVENTORY)
         steps = self._plan()
         return steps[0] if steps else Step(INVENTORY)
@@ -275,12 +280,13 @@ class TextCraftPlanner(Expert):
             self.inventory = held
         elif m := re.match(r"Got (\d+) (.+?)\s*$", text):
             self.inventory[item_name(m.group(2))] += int(m.group(1))
+            self.got.add(item_name(m.group(2)))
         elif m := re.match(r"Crafted (\d+) (.+?)\s*$", text):
             for name, n in last.used():  # (a recipe may name one item twice)
                 self.inventory[name] -= n
             self.inventory[item_name(m.group(2))] += int(m.group(1))
             self.inventory = +self.inventory  # drop what is used up
-        elif last.action != INVENTORY:
+        elif last.action != INVENTORY and not last.mistake:
             self._failed(last, text)
 
     def _failed(self, last: Step, text: str) -> None:
@@ -296,3 +302,75 @@ class TextCraftPlanner(Expert):
             self.knowledge.bad_kinds.update(last.kinds)  # a kind that does not count as the generic
         else:
             self.knowledge.bad_recipes.add(last.recipe)
+
+    # ---- a noisy demonstrator's mistakes (collect.policies.scripted) ----------------------------------
+
+    def guess(self, observation: str, rng: random.Random) -> str | None:
+        """The hasty player's mistake: craft the goal right away with its listed command, before gathering
+        its ingredients (the game refuses it: "Could not find enough items"). None where the ingredients are
+        held (that craft is the plan's next step) or no listed command makes the goal; asked after `act` read
+        `observation`."""
+        ways = sorted((r for r in self.recipes if r.output == self.goal), key=Recipe.action)
+        if not ways:
+            return None
+        recipe = ways[rng.randrange(len(ways))]
+        return None if self._holds(self._craft(recipe)) else recipe.action()
+
+    def valid_actions(self, observation: str) -> list[str]:
+        """What the game accepts now as far as the planner knows: "inventory"; `get` of each raw item it has
+        got before or means to get (as many as its plan gets, else 1); and each listed craft, distractors
+        too, whose ingredients it holds (a generic ingredient named by a held kind that has not failed for
+        it). Asked after `act` read `observation`."""
+        return list(self._options())
+
+    def overruled(self, action: str) -> None:
+        """`action` was played instead of the planned one: read its reply as the answer to it, and learn
+        nothing from its failure (a mistake made on purpose says nothing about the recipes)."""
+        self.check_inventory = self.checking  # a look at the inventory the planner wanted: put off a turn
+        step = self._options().get(action)
+        if step is None:
+            recipes, _ = parse_commands(action)
+            step = Step(action, recipes[0] if recipes else None)
+        self.last = Step(step.action, step.recipe, step.kinds, mistake=True)
+
+    def _options(self) -> dict[str, Step]:
+        """`valid_actions`, each with its step (a craft's recipe and kinds, to read the reply by)."""
+        out = {INVENTORY: Step(INVENTORY)}
+        planned = self._plan()
+        gets = {s.action.split(" ", 2)[2]: s.action for s in planned if s.action.startswith("get ")}
+        for name in sorted(self.got | set(gets)):
+            action = gets.get(name, f"get 1 {name}")
+            out[action] = Step(action)
+        crafts = [s for s in planned if s.recipe is not None]
+        crafts += [self._craft(r, planned) for r in sorted(set(self.recipes) - self.knowledge.bad_recipes,
+                                                           key=Recipe.action)]
+        for step in crafts:
+            if self._holds(step):
+                out.setdefault(step.action, step)
+        return out
+
+    def _craft(self, recipe: Recipe, planned: list[Step] | None = None) -> Step | None:
+        """The craft step of `recipe`, each ingredient known to be generic (`get` refused it, or the plan names a
+        kind for it) named by a held kind that has not failed for it; None where one has no such kind. Any
+        other name stays as listed: "blackstone" may be raw, and "polished blackstone" no kind of it."""
+        generic = self.knowledge.ungettable | {g for s in planned or self._plan() for g, _ in s.kinds}
+        bad = self.knowledge.bad_kinds
+        kinds = {}
+        for name, _ in recipe.inputs:
+            if name in generic and not self.inventory[name]:
+                held = sorted(k for k in self.inventory if k.endswith(" " + name) and (name, k) not in bad
+                              and k != recipe.output)
+                if not held:
+                    return None
+                kinds[name] = held[0]
+        return Step(recipe.action(kinds), recipe, tuple(sorted(kinds.items())))
+
+    def _holds(self, step: Step | None) -> bool:
+        """Whether the tracked inventory holds everything the craft `step` uses (a recipe may name one item
+        twice)."""
+        if step is None:
+            return False
+        used: Counter = Counter()
+        for name, n in step.used():
+            used[name] += n
+        return used <= self.inventory
