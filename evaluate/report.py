@@ -1,7 +1,9 @@
 """`build_report`: one self-contained HTML page (plus PNG plots beside it) over everything in a lake.
 
 Sections: the runs in the store, learning curves of train runs, KL and entropy over training, reward
-distributions per spec, turns per episode per env, and a side-by-side table of the policies' eval runs.
+distributions per spec, turns per episode per env, a side-by-side table of the policies' eval runs, and per eval
+run whether its number is held out (the `eval_contamination` view: how many of its tasks the evaluated policy's
+lineage trained on, and the success on the clean rest, labelled `clean` or `NOT CLEAN: K of N tasks trained on`).
 Every number is the result of one query over the store, read at one pinned snapshot, and the page shows
 each query next to its plot or table, so `trajlake sql -s SNAPSHOT "..."` gives the same numbers back.
 A section with no data yet says what produces it instead of plotting.
@@ -24,6 +26,7 @@ from matplotlib.ticker import MaxNLocator
 
 from trajlake.clock import utc_now
 from trajlake.errors import TrajlakeError
+from trajlake.evaluate.metrics import held_out_label
 from trajlake.sql_text import sql_list
 from trajlake.store import Lake
 
@@ -89,6 +92,14 @@ FROM ev LEFT JOIN per_episode p USING (episode_id)
 GROUP BY ev.env, ev.policy_id
 ORDER BY ev.env, success_rate DESC, ev.policy_id"""
 
+# The eval runs of the policies section, each with its contamination (schemas/lineage_views.py); `held_out` is
+# added to each row by the renderer from contaminated_tasks and tasks (metrics.held_out_label).
+CONTAMINATION_SQL = """
+SELECT c.eval_run, c.policy_id, c.env, c.split, c.tasks, c.contaminated_tasks, c.episodes, c.success_rate,
+       c.clean_tasks, c.clean_episodes, c.clean_success_rate
+FROM eval_contamination c JOIN runs r ON r.run_id = c.eval_run{runs}
+ORDER BY c.env, c.policy_id, c.eval_run, c.split"""
+
 #: id -> (title, what it shows, SQL, what produces its data); the order of the page.
 SECTIONS: dict[str, tuple[str, str, str, str]] = {
     "runs": ("Runs in the store", "Runs of each kind, with their episodes (those that ended in an env error are "
@@ -107,12 +118,20 @@ SECTIONS: dict[str, tuple[str, str, str, str]] = {
     "policies": ("Policies side by side (eval runs)", "Episodes of eval runs, per env and policy: success "
                  "rate, mean env reward, mean turns, share of replies without a valid action, and tokens "
                  "(prompt + response, and agent tokens alone) per episode; episodes that ended in an env error are "
-                 "left out of these and counted as env_errors.",
+                 "left out of these and counted as env_errors. Whether each eval run's tasks are held out from "
+                 "what its policy trained on: the next section.",
                  POLICIES_SQL, "eval runs (runs.kind = 'eval'), from `trajlake evaluate`"),
+    "contamination": ("Held out? (contamination of eval runs)", "Per eval run: how many of its tasks share a task "
+                      "id or a goal with an episode the evaluated policy's lineage trained on (its own train run up "
+                      "to its step and its ancestors'), the success on all tasks and on the clean ones alone. "
+                      "held_out reads clean when no task was trained on; a success rate labelled NOT CLEAN is "
+                      "not a held-out number (its clean_success_rate is). Env errors are left out.",
+                      CONTAMINATION_SQL, "eval runs (runs.kind = 'eval'), from `trajlake evaluate`"),
 }
 #: the sections the `runs` argument filters: the keyword their filter starts with, and the columns it checks
 FILTERED = {"learning": ("WHERE", ("s.run_id",)), "kl": ("WHERE", ("s.run_id",)),
-            "policies": ("AND", ("r.run_id", "r.parent_run_id"))}
+            "policies": ("AND", ("r.run_id", "r.parent_run_id")),
+            "contamination": ("WHERE", ("r.run_id", "r.parent_run_id"))}
 
 #: per section: the episodes at its extremes, each plot's worst and best, linked to the viewer's pages
 #: (label, spec_id, worst episode, best episode)
@@ -140,6 +159,7 @@ pre { background: #f6f8fa; padding: .8em; overflow-x: auto; font-size: 85%; }
 table { border-collapse: collapse; font-size: 90%; } th, td { border: 1px solid #ccc; padding: .25em .6em; }
 th { background: #f0f0f0; } td.num { text-align: right; } img { max-width: 100%; }
 .empty { color: #8a6d3b; background: #fcf8e3; padding: .6em; } .meta { color: #666; }
+td.notclean { color: #a00; font-weight: bold; background: #fdecea; } td.clean { color: #2a7a2a; }
 """
 
 # The page runs no script and loads only its own plots: its policy says so, so that a value from the lake that
@@ -235,14 +255,18 @@ def _run_filter(runs: list[str], keyword: str, columns: tuple[str, ...]) -> str:
 
 
 # ---- renderers: a DataFrame -> HTML (None when nothing in it can be shown) -----------------------------
-def _table(df: pl.DataFrame, _png: Path | None = None) -> str:
+def _table(df: pl.DataFrame, _png: Path | None = None, classes: dict | None = None) -> str:
+    """`df` as an HTML table, every text escaped; `classes` (column -> value -> CSS class, one of STYLE's) marks
+    the cells of a column by their value."""
     head = "".join(f"<th>{html.escape(c)}</th>" for c in df.columns)
+    marks = [(classes or {}).get(c) for c in df.columns]
     rows = []
     for row in df.iter_rows():
         cells = "".join(
             f'<td class="num">{v}</td>' if isinstance(v, int | float) and not isinstance(v, bool)
+            else f'<td class="{html.escape(mark(v))}">{html.escape(str(v))}</td>' if mark and v is not None
             else f"<td>{html.escape('' if v is None else str(v))}</td>"
-            for v in row
+            for v, mark in zip(row, marks, strict=True)
         )
         rows.append(f"<tr>{cells}</tr>")
     return f"<table><tr>{head}</tr>\n" + "\n".join(rows) + "</table>"
@@ -327,5 +351,14 @@ def _turns(df: pl.DataFrame, png: Path) -> str:
     return _save(fig, png)
 
 
+def _contamination(df: pl.DataFrame, _png: Path | None = None) -> str:
+    """The eval runs' table with `held_out` after contaminated_tasks: `clean`, or `NOT CLEAN: K of N tasks trained
+    on` in a cell that stands out, so a number that is not held out cannot be read as one."""
+    labels = [held_out_label(k, n) for k, n in zip(df["contaminated_tasks"], df["tasks"], strict=True)]
+    at = df.columns.index("contaminated_tasks") + 1
+    table = df.insert_column(at, pl.Series("held_out", labels, dtype=pl.String))
+    return _table(table, classes={"held_out": lambda v: "clean" if v == "clean" else "notclean"})
+
+
 RENDER = {"runs": _table, "learning": _learning, "kl": _kl, "rewards": _rewards, "turns": _turns,
-          "policies": _table}
+          "policies": _table, "contamination": _contamination}

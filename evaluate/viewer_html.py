@@ -23,6 +23,8 @@ td,th{border:1px solid #ccc;padding:.2em .5em;text-align:left} th a{color:inheri
 .turn{border:1px solid #ddd;border-radius:6px;padding:.6em;margin:.6em 0} .obs{white-space:pre-wrap;background:#f6f6f6;
 padding:.4em} .reply{font-family:monospace;white-space:pre-wrap;line-height:1.7} .tok{border-radius:2px}
 .side{display:flex;gap:1em} .side>div{flex:1;min-width:0} form.filters{margin:.5em 0} form.filters input{width:7em}
+.notclean{color:#a00;background:#fdecea;font-weight:bold} p.notclean{border:1px solid #e0a0a0;padding:.5em}
+.clean{color:#2a7a2a}
 """
 
 # The one script of every page. It reads the page only through data-* attributes and textContent, never

@@ -2,11 +2,12 @@
 
 Three pages, every one a plain HTML file that works the same served (`trajlake view`) and exported
 (`trajlake view --out DIR`): the runs; a run's episodes (filtered and sorted in the page: env, policy,
-success, reward range under the chosen spec); one episode, turn by turn: the observation, the reply with each
-of its tokens shaded by the reward the spec allocated to it (`token_rewards`; the value is in each token's
-title and `data-reward`), and beside the episode's reward its group-relative advantage (GRPO's: the reward
-minus its group's mean, over the group's std), the parsed action, format flag, step reward and info. Two
-episodes, or one episode under two specs, go side by side (`compare`).
+success, reward range under the chosen spec), and for an eval run whether its number is held out (how many of
+its tasks the evaluated policy's lineage trained on, and its success on the clean rest); one episode, turn by
+turn: the observation, the reply with each of its tokens shaded by the reward the spec allocated to it
+(`token_rewards`; the value is in each token's title and `data-reward`), and beside the episode's reward its
+group-relative advantage (GRPO's: the reward minus its group's mean, over the group's std), the parsed action,
+format flag, step reward and info. Two episodes, or one episode under two specs, go side by side (`compare`).
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ import json
 from functools import lru_cache
 
 from trajlake.errors import TrajlakeError
+from trajlake.evaluate.metrics import held_out_label
 from trajlake.evaluate.viewer_html import attrs, esc, link, page, url_part
 from trajlake.ids import path_component
 
@@ -43,6 +45,18 @@ WINDOW g AS (PARTITION BY e.group_id)
 TURNS_SQL = """SELECT turn, observation, action_text, action, format_ok, step_reward, done, info::VARCHAR AS info,
 prompt_token_ids, response_token_ids FROM turns WHERE episode_id = ? ORDER BY turn"""
 TOKEN_REWARDS_SQL = "SELECT position, reward FROM token_rewards WHERE spec_id = ? AND episode_id = ?"
+RUN_KIND_SQL = "SELECT kind FROM runs WHERE run_id = ?"
+#: an eval run's contamination (schemas/lineage_views.py), one row per env and split it evaluated
+HELD_OUT_SQL = """
+SELECT policy_id, env, split, tasks, contaminated_tasks, episodes, successes, success_rate, clean_tasks,
+       clean_episodes, clean_successes, clean_success_rate
+FROM eval_contamination WHERE eval_run = ? ORDER BY env, split
+"""
+
+
+def _rate(value, wins, n) -> str:
+    """A success rate with what it is over ("0.50 (2 of 4 episodes)"); "none" when nothing is under it."""
+    return "none" if value is None or not n else f"{value:.2f} ({wins} of {n} episodes)"
 
 
 class Links:
@@ -150,9 +164,42 @@ class Pages:
                    "name=\"min_reward\"> to <input name=\"max_reward\"> "
                    f"&nbsp;<span id=\"shown\">{len(rows)}</span> of {len(rows)} shown</form>")
         body = (f"<p>{link(self.links.index(depth), 'runs')}</p><h1>Run {esc(run_id)}</h1>"
-                + self._spec_line(lambda s: self.links.run(run_id, s)) + filters
+                + self._held_out(run_id) + self._spec_line(lambda s: self.links.run(run_id, s)) + filters
                 + f"<table id=\"episodes\"><thead><tr>{head}</tr></thead><tbody>{''.join(lines)}</tbody></table>")
         return page(f"run {run_id}", body)
+
+    def _held_out(self, run_id: str) -> str:
+        """An eval run's summary of whether its number is held out ('' for a run of another kind): per env and
+        split, the evaluated policy's tasks that share a task id or goal with what its lineage trained on, its
+        success and the success on the clean tasks, labelled by `held_out_label`. A run whose tasks are not all
+        clean opens with that label in a banner, so its success is not read as a held-out number."""
+        kind = self.q(RUN_KIND_SQL, [run_id])
+        if not kind.height or kind.item() != "eval":
+            return ""
+        rows = self.q(HELD_OUT_SQL, [run_id]).to_dicts()
+        if not rows:
+            return "<p class=\"muted\" id=\"held-out\">held out: no played episodes to measure (env errors only)</p>"
+        banners, lines = [], []
+        for r in rows:
+            label = held_out_label(r["contaminated_tasks"], r["tasks"])
+            where = f"{r['env']}, split {r['split'] or '?'}, policy {r['policy_id']}"
+            if r["contaminated_tasks"]:
+                banners.append(
+                    f"<p class=\"notclean\">{esc(label)} ({esc(where)}): its success "
+                    f"{esc(_rate(r['success_rate'], r['successes'], r['episodes']))} is not a held-out number; on "
+                    f"the {esc(r['clean_tasks'])} clean tasks: "
+                    f"{esc(_rate(r['clean_success_rate'], r['clean_successes'], r['clean_episodes']))}</p>")
+            cells = [r["policy_id"], r["env"], r["split"], r["tasks"], r["contaminated_tasks"],
+                     _rate(r["success_rate"], r["successes"], r["episodes"]), r["clean_tasks"],
+                     _rate(r["clean_success_rate"], r["clean_successes"], r["clean_episodes"])]
+            mark = "clean" if not r["contaminated_tasks"] else "notclean"
+            lines.append("<tr>" + "".join(f"<td>{esc(c)}</td>" for c in cells)
+                         + f"<td{attrs(class_=mark)}>{esc(label)}</td></tr>")
+        head = "".join(f"<th>{t}</th>" for t in ("policy", "env", "split", "tasks", "trained on", "success",
+                                                  "clean tasks", "clean success", "held out"))
+        return ("".join(banners) + "<p>held out? tasks that share a task id or a goal with an episode the policy's "
+                "lineage trained on (<code>trajlake sql --file docs/queries/contamination.sql</code>):</p>"
+                f"<table id=\"held-out\"><tr>{head}</tr>{''.join(lines)}</table>")
 
     def _episode(self, episode_id: str, spec: str | None) -> str:
         """One episode's block (header and turns) under `spec`."""
