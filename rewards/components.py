@@ -322,7 +322,13 @@ SIGNALS = {
                        "WHEN observation IS NULL OR prev_observation IS NULL THEN NULL "
                        "ELSE observation <> prev_observation END",
     "positive_step": "step_reward > 0",
+    # the regex `pattern` is found in what the turn's action got back (RESULT_OBSERVATION; none stored: unknown)
+    "result_matches": "regexp_matches({result}, {pattern})",
 }
+#: What a turn's action got back from the env: the next turn's observation, or on an episode's last turn the
+#: one collect keeps in its info (`final_observation`); NULL where neither is stored (an imported last turn).
+RESULT_OBSERVATION = ("coalesce(lead(observation) OVER (PARTITION BY episode_id ORDER BY turn), "
+                      "json_extract_string(info, '$.final_observation'))")
 UNKNOWN = ("skip", "false")
 
 
@@ -332,6 +338,11 @@ def _process_check(p):
     if p["signal"] is not None and p["signal"] not in SIGNALS:
         raise TrajlakeError(f"unknown signal {p['signal']!r}; valid: {', '.join(SIGNALS)}")
     _choice(p, "unknown", UNKNOWN)
+    if (p["signal"] == "result_matches") != (p["pattern"] is not None):
+        raise TrajlakeError("signal result_matches needs a pattern (a regex searched for in what the action got "
+                            "back, e.g. '^Got '), and pattern goes only with that signal")
+    if p["pattern"] is not None:
+        check_regex(p["pattern"])
     if p["expr"] is not None:
         if p["unknown"] != "skip":
             raise TrajlakeError("unknown applies to a signal; an expr gives each turn's value itself")
@@ -345,6 +356,8 @@ def process_turn_sql(p: dict) -> str:
     if p["expr"] is not None:
         return f"CAST(({p['expr']}\n) AS DOUBLE)"
     signal, reward, penalty = SIGNALS[p["signal"]], _num(p["reward"]), _num(p["penalty"])
+    if p["pattern"] is not None:
+        signal = signal.format(result=RESULT_OBSERVATION, pattern=sql_str(p["pattern"]))
     if p["unknown"] == "false":
         return f"CASE WHEN coalesce({signal}, false) THEN {reward} ELSE {penalty} END"
     return f"CASE ({signal}) WHEN true THEN {reward} WHEN false THEN {penalty} ELSE 0.0 END"
@@ -356,14 +369,17 @@ register(ComponentKind(
     "giving `reward` when true and `penalty` when false, or any SQL `expr` over turns columns. Signals: "
     "format_ok (the template's parser read an action), valid_action (info.valid is JSON true; absent or null: "
     "unknown), new_observation (the observation differs from the previous turn's; the first turn's is new), "
-    "positive_step (step_reward > 0; NULL: unknown). A turn whose signal is unknown gets neither (0), as "
+    "positive_step (step_reward > 0; NULL: unknown), result_matches (the regex `pattern`, RE2 syntax, is found "
+    "in what the turn's action got back: the next turn's observation, or the last turn's info.final_observation; "
+    "neither stored: unknown). A turn whose signal is unknown gets neither (0), as "
     "imported turns, which carry no validity flag or step reward; `unknown = \"false\"` counts it as false "
     "instead (the penalty). The episode's value is the sum over its turns.",
-    defaults={"signal": None, "expr": None, "reward": 1.0, "penalty": 0.0, "unknown": "skip"},
+    defaults={"signal": None, "expr": None, "reward": 1.0, "penalty": 0.0, "unknown": "skip", "pattern": None},
     check=_process_check,
     turn_columns=lambda n, p: {f"p_{n}": process_turn_sql(p)},
     aggregates=lambda n, p: {f"{n}__sum": f"sum(p_{n})"},
     value=lambda n, p: f"coalesce(agg.{n}__sum, 0)",
+    legacy={"pattern": None},
     per_turn=True,
     reads_prev_observation=lambda p: (p.get("signal") == "new_observation"
                                       or "prev_observation" in (p.get("expr") or "").lower()),
