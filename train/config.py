@@ -82,6 +82,13 @@ class TrainConfig(RolloutConfig):
     """Iterations (collect -> score -> update -> checkpoint) of grpo/ppo."""
     reward_spec: str | None = None
     """Reward spec TOML; None: the built-in default spec (rewards/specs/default.toml)."""
+    horizon_start: int = 0
+    """Horizon curriculum (AgentGym-RL's ScalingInter-RL): the turn cap of the first iteration's rollouts, one
+    turn more every `horizon_every` iterations up to max_turns (`horizon`), so that the policy learns a task's
+    first steps on short, low-variance episodes before it plays whole ones. 0: off, every iteration plays
+    max_turns. Held-out evals always play max_turns. Part of the run: a restart may not change it."""
+    horizon_every: int = 1
+    """With horizon_start: iterations per one-turn growth of the cap (1: one turn more every iteration)."""
     eval_every: int = 0
     """Evaluate every N iterations (and before the first) on held-out tasks, greedy; 0: never."""
     eval_split: str = "test"
@@ -235,6 +242,10 @@ class TrainConfig(RolloutConfig):
         """The advantage estimator used (the default for the algo when `advantage` is None)."""
         return self.advantage or DEFAULT_ADVANTAGE[self.algo]
 
+    def turns_at(self, iteration: int) -> int:
+        """The turn cap of iteration `iteration`'s (from 0) rollouts under the horizon curriculum."""
+        return horizon(iteration, self.horizon_start, self.horizon_every, self.max_turns)
+
     @property
     def norm_constant(self) -> float:
         return float(self.loss_norm_constant or self.max_new_tokens * self.max_turns)
@@ -268,13 +279,14 @@ class TrainConfig(RolloutConfig):
         are the same start, and `run:ID` is not once that run has trained on. `reward_spec` is compared by its
         content (`spec_id`, stored beside the config as `reward_spec_id`), so an edited spec file at the same
         path is a different run and a copy at another path is the same. A field the stored config lacks
-        (a lake from before it existed) is not compared."""
+        (a lake from before it existed) is not compared, except those of ADDED_FIELDS: compared with the value
+        that run played by."""
         given = json.loads(json.dumps(self.to_dict()))  # the values as they read back from the store
         out = []
         for name in RUN_FIELDS:
-            if name not in stored:
+            if name not in stored and name not in ADDED_FIELDS:
                 continue
-            old, new = stored[name], given[name]
+            old, new = stored.get(name, ADDED_FIELDS.get(name)), given[name]
             if name == "model" and start_policy and stored.get("start_policy"):
                 if stored["start_policy"] == start_policy:
                     continue
@@ -310,6 +322,19 @@ RESUMABLE_FIELDS = ("run_id", "iterations", "sft_steps", "env_url", "concurrency
 # other settings while its runs.config described the first ones, so it is refused; a new field is one of these
 # unless it is added to RESUMABLE_FIELDS.
 RUN_FIELDS = tuple(f.name for f in dataclasses.fields(TrainConfig) if f.name not in RESUMABLE_FIELDS)
+# RUN_FIELDS added after train runs were stored, with the value that keeps the old meaning: a stored config
+# without one was played by that value (every iteration at max_turns before the horizon curriculum), so a
+# restart at it resumes the run and a restart at another is refused like any other changed RUN_FIELD.
+ADDED_FIELDS = {"horizon_start": 0, "horizon_every": 1}
+
+
+def horizon(iteration: int, start: int, every: int, max_turns: int) -> int:
+    """The turn cap of iteration `iteration` (from 0) under the horizon curriculum: `start` turns, one more
+    every `every` iterations, never above `max_turns`; `start` 0 (the curriculum off) is max_turns throughout.
+    E.g. start 2, every 3, max_turns 4: iterations 0-2 play 2 turns, 3-5 play 3, 6 and after play 4."""
+    if start == 0:
+        return max_turns
+    return min(max_turns, start + iteration // every)
 
 
 def config_from_dict(data: dict[str, Any], source: str = "<dict>") -> TrainConfig:
@@ -341,4 +366,4 @@ def load_config(path: str | Path, **overrides: Any) -> TrainConfig:
 
 
 __all__ = ["TrainConfig", "ConfigError", "load_config", "config_from_dict", "ALGOS", "RUN_FIELDS",
-           "RESUMABLE_FIELDS"]
+           "RESUMABLE_FIELDS", "ADDED_FIELDS", "horizon"]

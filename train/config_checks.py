@@ -50,7 +50,7 @@ INT_RANGES = {"seed": (0, MAX_SEED), "train_snapshot": (0, MAX_SNAPSHOT), "sft_s
 #: counts for which 0 means nothing (no tasks, empty batches, no steps): >= 1
 AT_LEAST_ONE = ("tasks", "samples", "epochs", "minibatch_size", "micro_batch", "grad_accum", "eval_tasks", "sft_steps",
                 "log_every", "replay_staleness", "max_turns", "max_new_tokens", "max_context_tokens", "concurrency",
-                "replicas")
+                "replicas", "horizon_every")
 
 
 class ConfigError(TrajlakeError):
@@ -146,6 +146,7 @@ def check_train_config(c: TrainConfig) -> None:
     if c.algo == "grpo" and adv in CRITIC_ADVANTAGES:
         raise ConfigError(f"train config: advantage {adv} needs a critic: use algo ppo")
     _check_stored_data(c)
+    _check_horizon(c)
     _check_env(c)
     if c.turn_baseline not in TURN_BASELINES:
         raise ConfigError(f"train config: unknown turn_baseline {c.turn_baseline!r}; valid: "
@@ -183,6 +184,21 @@ def _check_stored_data(c: TrainConfig) -> None:
         raise ConfigError("train config: train_filter trains on rollouts other policies played: take the ratio "
                           "against their behaviour log-probs with old_logprobs = \"behaviour\", or truncated "
                           "importance weights with is_cap (e.g. 2.0)")
+
+
+def _check_horizon(c: TrainConfig) -> None:
+    """The horizon curriculum's rules: it starts within max_turns, and caps rollouts the run collects."""
+    if c.horizon_start == 0:
+        if c.horizon_every != 1:
+            raise ConfigError("train config: horizon_every paces the horizon curriculum: set horizon_start too "
+                              "(the first iteration's turn cap), or leave horizon_every out")
+        return
+    if c.horizon_start > c.max_turns:
+        raise ConfigError(f"train config: horizon_start ({c.horizon_start}) must be at most max_turns "
+                          f"({c.max_turns}), the cap it grows to; lower horizon_start or raise max_turns")
+    if c.algo == "sft" or c.train_filter is not None:
+        raise ConfigError("train config: horizon_start caps the turns of the rollouts grpo and ppo collect: not "
+                          "with algo sft or train_filter (no rollouts are played); leave it at 0")
 
 
 def _check_env(c: TrainConfig) -> None:

@@ -41,7 +41,8 @@ def rotation_offset(iteration: int, tasks: int, split_size: int | None) -> int:
 
 def rollout_config(r: Run, policy_id: str, it: int):
     """The collect run of iteration `it` (from 0) of this train run (collect's own checks run on it): the
-    train config's rollout settings, sampled with seed + it, on the next `tasks` tasks of the split
+    train config's rollout settings, sampled with seed + it, at the horizon curriculum's turn cap of that
+    iteration (`TrainConfig.turns_at`: max_turns when it is off), on the next `tasks` tasks of the split
     (`rotation_offset`)."""
     from dataclasses import replace
 
@@ -49,7 +50,8 @@ def rollout_config(r: Run, policy_id: str, it: int):
     from trajlake.collect.envs import make_env
 
     c = r.cfg
-    cc = CollectConfig(**rollout_fields(c, concurrency=min(c.concurrency, c.tasks * c.samples)),
+    cc = CollectConfig(**rollout_fields(c, concurrency=min(c.concurrency, c.tasks * c.samples),
+                                        max_turns=c.turns_at(it)),
                        policy=f"policy:{policy_id}", tasks=c.tasks, samples=c.samples, seed=c.seed + it,
                        run_id=f"{r.run_id}/it-{it + 1}", progress=False, run_kind="collect", parent_run_id=r.run_id)
     if not c.rotate_tasks:
