@@ -16,7 +16,7 @@ SMOLLM2 ?= models/smollm2
 TEXTCRAFT_SERVER ?= ../shared/agentgym/agentenv-textcraft
 
 .PHONY: setup setup-agentgym setup-smollm2 setup-vllm test test-slow test-vllm test-all demo demo-smollm2 agentgym-pipeline \
-	agentgym-pipeline-smollm2 rescore collect rewards train train-warmstart envs sql snapshots maintain lint clean
+	agentgym-pipeline-smollm2 agentgym-learning rescore collect rewards train train-warmstart envs sql snapshots maintain lint clean
 
 setup: $(STAMP)
 
@@ -86,6 +86,17 @@ agentgym-pipeline: setup
 
 agentgym-pipeline-smollm2: setup-smollm2
 	$(PY) -m trajlake.agentgym_pipeline --lake $(LAKE) --model smollm2 $(if $(ENV_URL),--env-url $(ENV_URL),)
+
+# RL against imitation on AgentGym's real TextCraft server, measured on held-out goals no training step saw
+# (bench/learning.py --env agentgym/textcraft): per seed, a noisy planner's demonstrations on the train goals
+# (server data indices 200-543), SFT to its plateau on val (100-199), GRPO from it on the server, and the start,
+# plateau and RL policies on the 100 test goals (0-99), with the store's contamination count. The server is
+# started from ../shared/agentgym and stopped by it (ENV_URL=... plays a running one); LEARNING_SEEDS=3 for the
+# three-seed table. Each seed's lake stays under reports/agentgym-learning (a re-run resumes or only prints).
+LEARNING_SEEDS ?= 1
+agentgym-learning: setup
+	$(PY) bench/learning.py --env agentgym/textcraft --seeds $(LEARNING_SEEDS) --out reports/agentgym-learning \
+		$(if $(ENV_URL),--env-url $(ENV_URL),)
 
 # Re-score and retrain (README): a verbose policy's stored rollouts re-scored with a length penalty
 # (rewards/specs/concise.toml) and trained on without playing, beside the same retrain under the old spec;

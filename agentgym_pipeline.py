@@ -4,11 +4,13 @@
 2. the server: AgentGym's real TextCraft server started on 127.0.0.1 (or --env-url URL of a running one);
 3. AgentGym's expert TextCraft trajectories (OpenManus-RL's data, ../shared/data/agentgym/textcraft) imported
    into the store with exact token ids;
-4. an SFT warm start on those imported episodes, read back from the store;
+4. the starting model evaluated on the held-out tasks first, so the store knows their goals; then an SFT warm
+   start on the imported episodes whose goals are none of them, read back from the store;
 5. GRPO iterations whose rollouts play the real server (train split: data indices 200 and up), scored with the
    default reward spec, updated and checkpointed;
 6. the starting, warm-started and trained policies evaluated greedily on held-out tasks of the real server
-   (test split: data indices 0..N-1), with the server's own idea of success, side by side.
+   (test split: data indices 0..N-1), with the server's own idea of success, side by side, each with the
+   store's count of evaluated tasks found in its training lineage (held_out: clean).
 
 Every number printed is read back from the store. Run ids are fixed (`<prefix>-sft`, `<prefix>-grpo`), so a
 second run resumes where the first stopped, or only prints the results.
@@ -116,9 +118,12 @@ def import_expert_data(lake: Lake, data: Path, model: Path) -> str:
 
 
 def sft_filter(import_run: str, max_tokens: int) -> str:
-    """The imported episodes that fit the model's context, as the SQL filter SFT reads from the store."""
+    """The imported episodes that fit the model's context and share no goal with a held-out task played so far
+    (75 of the 100 test goals have an imported expert trajectory), as the SQL filter SFT reads from the store."""
+    from trajlake.evaluate.contamination import outside_goals_of
+
     return (f"run_id = '{import_run}' AND episode_id IN (SELECT episode_id FROM turns GROUP BY episode_id "
-            f"HAVING sum(num_prompt_tokens + num_response_tokens) <= {max_tokens})")
+            f"HAVING sum(num_prompt_tokens + num_response_tokens) <= {max_tokens}) AND {outside_goals_of()}")
 
 
 @contextlib.contextmanager
@@ -155,23 +160,25 @@ def run(cfg: PipelineConfig) -> None:
         cfg = replace(cfg, env_url=url)
         console.rule("2. AgentGym's expert TextCraft trajectories into the store")
         import_run = import_expert_data(lake, cfg.data, model)
-        console.rule("3. SFT warm start on the imported episodes")
+        console.rule("3. the starting model on the held-out tasks (so the store knows their goals)")
+        evaluate_policies(cfg, lake, [f"hf:{model}"], model)
+        console.rule("4. SFT warm start on the imported episodes whose goals are not held out")
         sft_run = f"{cfg.prefix}-sft"
         sft = train_stage(cfg, lake, "sft-textcraft.toml", run_id=sft_run, model=str(model),
                           sft_steps=cfg.sft_steps, lr=cfg.sft_lr, minibatch_size=cfg.sft_batch,
                           micro_batch=min(cfg.micro_batch, cfg.sft_batch),
                           sft_filter=sft_filter(import_run, cfg.max_context_tokens))
         console.print(f"run {sft.run_id}: policy {sft.policy_id}")
-        console.rule(f"4. GRPO on the real server: {cfg.iterations} iterations of collect -> score -> update")
+        console.rule(f"5. GRPO on the real server: {cfg.iterations} iterations of collect -> score -> update")
         grpo = train_stage(cfg, lake, "grpo-textcraft.toml", run_id=f"{cfg.prefix}-grpo", model=f"run:{sft_run}",
                            iterations=cfg.iterations, tasks=cfg.tasks, samples=cfg.samples, lr=cfg.lr,
                            minibatch_size=cfg.tasks * cfg.samples, micro_batch=cfg.micro_batch)
         console.print(f"run {grpo.run_id}: policy {grpo.policy_id}")
-        console.rule("5. held-out evaluation on the real server, before and after")
+        console.rule("6. held-out evaluation on the real server, before and after")
         stages = {"start": f"hf:{model}", "SFT on AgentGym's experts": f"policy:{sft.policy_id}",
                   "GRPO on the real server": f"policy:{grpo.policy_id}"}
         table = results_table(evaluate_policies(cfg, lake, list(stages.values()), model), stages)
-        console.rule("6. results (read back from the store)")
+        console.rule("7. results (read back from the store)")
         console.print(f"held-out greedy success on AgentGym TextCraft (test split: data indices 0..{cfg.eval_tasks - 1}"
                       f", {cfg.max_turns} turns), 95% Wilson intervals")
         emit(table, Format.table, None)

@@ -53,15 +53,31 @@ class DemoConfig:
     checkpoints: Path = Path("checkpoints")
     """Where the train runs write their checkpoints."""
     env: str = "doors"
-    """The env played (bench/learning.py tries others: an env whose expert has no guess needs expert_noise 0)."""
-    difficulty: int = 3
-    """doors difficulty: 3 is two rooms with the key on a sign in each (read, open, read, open)."""
+    """The env played: a built-in, or an AgentGym server's (`agentgym/textcraft` with `env_url`; bench/learning.py)."""
+    env_url: str | None = None
+    """The URL of the env's server, for an AgentGym env (None for the built-ins)."""
+    difficulty: int | None = 3
+    """doors difficulty: 3 is two rooms with the key on a sign in each (read, open, read, open). None for an env
+    without levels (AgentGym's)."""
     max_turns: int = 6
     """Turn cap of every episode (the expert needs 4 at difficulty 3); an episode cut there scores as a loss."""
+    template: str = "plain"
+    """The action template every stage plays with (plain: the reply is the action alone)."""
+    max_new_tokens: int = 8
+    """Reply length cap per turn (doors' actions are two words; TextCraft's recipes need about 24 tokens)."""
     expert_noise: float = 0.9
-    """The demonstrator's noise: at each turn it plays the env's hasty guess with this probability."""
+    """The demonstrator's noise: at each turn it plays the env's hasty mistake (or, where it has none, another
+    valid action) with this probability."""
     demos: int = 2048
-    """Demonstration episodes collected (about one in ten succeeds at noise 0.9; SFT reads the successful)."""
+    """Demonstration tasks played from the train split (about one in ten succeeds at noise 0.9; SFT reads the
+    successful)."""
+    demos_from: Path | None = None
+    """A trajectory file (OpenManus-RL's / AgentGym's parquet) whose successful episodes are the demonstrations
+    instead of the noisy demonstrator's, imported into the store and restricted to goals outside the held-out
+    tasks (the start model plays those first, so their goals are known)."""
+    demo_samples: int = 1
+    """Demonstrations per task (a noisy demonstrator plays each task this many times, each its own draw): more
+    demonstrations on an env whose train split is small (TextCraft's 344 goals)."""
     sft_steps: int = 600
     """SFT optimizer steps (minibatches of 16)."""
     sft_every: int = 100
@@ -98,8 +114,8 @@ class DemoConfig:
     @property
     def rollout(self) -> dict:
         """The rollout settings every stage shares (the policy must be evaluated the way it was trained)."""
-        return dict(env=self.env, difficulty=self.difficulty, max_turns=self.max_turns, template="plain",
-                    max_new_tokens=8)
+        return dict(env=self.env, env_url=self.env_url, difficulty=self.difficulty, max_turns=self.max_turns,
+                    template=self.template, max_new_tokens=self.max_new_tokens)
 
     @property
     def expert(self) -> str:
@@ -114,13 +130,15 @@ class DemoConfig:
             levels = make_env(self.env).difficulties
         except KeyError as e:  # an unknown env: its message lists the valid ones
             raise TrajlakeError(f"demo: {e.args[0]}") from None
-        if self.difficulty not in levels:
+        if levels and self.difficulty not in levels:
             raise TrajlakeError(f"demo: difficulty of {self.env} must be one of {', '.join(map(str, levels))}, "
                                 f"got {self.difficulty}")
+        if not levels and self.difficulty is not None:
+            raise TrajlakeError(f"demo: {self.env} has no difficulty levels; leave difficulty unset")
         if not 0.0 <= self.expert_noise <= 1.0:
             raise TrajlakeError(f"demo: expert_noise must be between 0 and 1, got {self.expert_noise}")
-        for name in ("max_turns", "demos", "sft_steps", "sft_every", "iterations", "tasks", "samples",
-                     "micro_batch", "eval_tasks"):
+        for name in ("max_turns", "max_new_tokens", "demos", "demo_samples", "sft_steps", "sft_every", "iterations",
+                     "tasks", "samples", "micro_batch", "eval_tasks"):
             if getattr(self, name) < 1:
                 raise TrajlakeError(f"demo: {name} must be >= 1, got {getattr(self, name)}")
         if self.sft_every > self.sft_steps:
@@ -177,18 +195,32 @@ def import_seed_data(lake: Lake, data: Path | None, model: Path) -> None:
                     "GROUP BY env ORDER BY env"), Format.table, None)
 
 
-def collect_demonstrations(cfg: DemoConfig, lake: Lake, model: Path) -> float:
-    """The noisy demonstrator's episodes into the store; their success rate."""
+def collect_demonstrations(cfg: DemoConfig, lake: Lake, model: Path) -> tuple[str, float]:
+    """The noisy demonstrator's episodes (or `demos_from`'s) into the store; their run id and success rate."""
     from trajlake.collect.config import CollectConfig
+    from trajlake.collect.importers.agentgym import import_agentgym
     from trajlake.collect.rollout import collect
 
-    rid = collect(CollectConfig(policy=cfg.expert, tokenizer=str(model), tasks=cfg.demos, seed=cfg.seed,
-                                run_id=f"{cfg.prefix}-expert", progress=cfg.progress, **cfg.rollout), lake)
+    if cfg.demos_from:
+        rid = import_agentgym(lake, [cfg.demos_from], model, env=cfg.env, progress=cfg.progress).run_id
+    else:
+        rid = collect(CollectConfig(policy=cfg.expert, tokenizer=str(model), tasks=cfg.demos, samples=cfg.demo_samples,
+                                    seed=cfg.seed, run_id=f"{cfg.prefix}-expert", progress=cfg.progress,
+                                    **cfg.rollout), lake)
     n, s = lake.query("SELECT count(*) AS n, avg(success::INT) AS s FROM episodes WHERE run_id = ? "
                       "AND status IS DISTINCT FROM 'error'", [rid]).row(0)  # env errors say nothing of the expert
     if cfg.progress:
-        console.print(f"run {rid}: {n} episodes of {cfg.expert}, success rate {s:.2f}")
-    return s
+        console.print(f"run {rid}: {n} episodes of {cfg.demos_from or cfg.expert}, success rate {s or 0:.2f}")
+    return rid, s or 0.0
+
+
+def demonstrations_filter(cfg: DemoConfig, run_id: str) -> str:
+    """The SFT filter: the demonstrations' successful episodes; imported ones only where their goal is no
+    held-out task's (played before SFT, so the store knows those goals)."""
+    from trajlake.evaluate.contamination import outside_goals_of
+
+    where = f"success AND run_id = '{run_id}'"
+    return f"{where} AND {outside_goals_of()}" if cfg.demos_from else where
 
 
 def evaluate_policies(cfg: DemoConfig, lake: Lake, policies: list[str], model: Path,
@@ -209,13 +241,13 @@ def train_stage(cfg: DemoConfig, lake: Lake, config_name: str, **overrides):
     return train(tc, lake)
 
 
-def sft_to_plateau(cfg: DemoConfig, lake: Lake, model: Path) -> tuple[dict[int, float], int]:
-    """SFT on the successful demonstrations with a checkpoint every `sft_every` steps; each checkpoint's greedy
+def sft_to_plateau(cfg: DemoConfig, lake: Lake, model: Path, sft_filter: str) -> tuple[dict[int, float], int]:
+    """SFT on the episodes of `sft_filter` with a checkpoint every `sft_every` steps; each checkpoint's greedy
     val success, and the step of the best (the earliest of equals)."""
     sft = f"{cfg.prefix}-sft"
     train_stage(cfg, lake, "sft-doors-noisy.toml", run_id=sft, model=str(model), sft_steps=cfg.sft_steps,
                 checkpoint_every=cfg.sft_every, lr=cfg.sft_lr, micro_batch=min(cfg.micro_batch, 16),
-                sft_filter=f"success AND run_id = '{cfg.prefix}-expert'")
+                sft_filter=sft_filter)
     steps = list(range(cfg.sft_every, cfg.sft_steps + 1, cfg.sft_every))
     if steps[-1] != cfg.sft_steps:
         steps.append(cfg.sft_steps)  # the last step is always checkpointed
@@ -228,13 +260,15 @@ def recipe(cfg: DemoConfig, lake: Lake, model: Path) -> RecipeResult:
     """Demonstrations, SFT to its plateau, GRPO from the plateau (stages 3-6); each stage resumes if stored."""
     seconds, t = {}, time.perf_counter()
     log = console.rule if cfg.progress else (lambda *_: None)
-    log("3. the noisy demonstrator's episodes into the store")
-    expert = collect_demonstrations(cfg, lake, model)
+    log(f"3. the demonstrations into the store ({cfg.demos_from or cfg.expert})")
+    demos, expert = collect_demonstrations(cfg, lake, model)
     log("4. the starting model on held-out tasks")
     evaluate_policies(cfg, lake, [f"hf:{model}"], model)
+    if cfg.demos_from:  # their goals, before SFT reads the imported episodes outside them
+        evaluate_policies(cfg, lake, [f"hf:{model}"], model, split="val")
     log(f"5. SFT on the successful demonstrations, a checkpoint every {cfg.sft_every} steps, each on val")
     seconds["demos_s"], t = time.perf_counter() - t, time.perf_counter()
-    val, plateau = sft_to_plateau(cfg, lake, model)
+    val, plateau = sft_to_plateau(cfg, lake, model, demonstrations_filter(cfg, demos))
     seconds["sft_s"], t = time.perf_counter() - t, time.perf_counter()
     sft_policy = f"policy:{cfg.prefix}-sft/step-{plateau}"
     if cfg.progress:
@@ -254,6 +288,10 @@ def recipe(cfg: DemoConfig, lake: Lake, model: Path) -> RecipeResult:
 
 
 def results_table(summary: pl.DataFrame, stages: dict[str, str]) -> pl.DataFrame:
+    """One row per stage: its policy's held-out success with its interval, and whether the store finds any of the
+    evaluated tasks in the policy's training lineage (`held_out`: clean, or how many tasks were trained on)."""
+    from trajlake.evaluate.metrics import held_out_label
+
     rows = []
     for stage, policy in stages.items():
         r = summary.filter(pl.col("policy") == policy).row(0, named=True)
@@ -261,7 +299,8 @@ def results_table(summary: pl.DataFrame, stages: dict[str, str]) -> pl.DataFrame
         rows.append({"stage": stage, "policy": short, "episodes": r["episodes"],
                      "success": f"{r['success_rate']:.2f} [{r['success_low']:.2f}, {r['success_high']:.2f}]",
                      "reward": round(r["reward_mean"], 3), "format_errors": round(r["format_error_rate"], 3),
-                     "turns": round(r["mean_turns"], 2), "tokens": round(r["tokens_per_episode"], 1)})
+                     "turns": round(r["mean_turns"], 2), "tokens": round(r["tokens_per_episode"], 1),
+                     "held_out": held_out_label(r["contaminated_tasks"], r["tasks"])})
     return pl.DataFrame(rows)
 
 

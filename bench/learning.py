@@ -1,20 +1,30 @@
-"""Does RL beat imitation? The demo's recipe (SFT to its plateau, then GRPO from it) over several seeds.
+"""Does RL beat imitation? The demo's recipe (SFT to its plateau, then GRPO from it) over several seeds, on a
+built-in env or on an AgentGym server's env.
 
     .venv/bin/python bench/learning.py                            # make demo's settings, 3 seeds
     .venv/bin/python bench/learning.py --expert-noise 0.5 --advantage gigpo --seeds 1
+    .venv/bin/python bench/learning.py --env agentgym/textcraft --seeds 3          # AgentGym's real TextCraft
+    .venv/bin/python bench/learning.py --env agentgym/textcraft --env-url http://127.0.0.1:36001 \\
+        --train horizon_start=2 --train reward_spec=rewards/specs/textcraft-progress.toml
 
-Per seed, in a lake of its own: the noisy demonstrator plays `--demos` training tasks of doors difficulty 3;
-SFT on its successful episodes, checkpointed every `--sft-every` steps, each checkpoint evaluated greedily on
-held-out val tasks, the best being the SFT plateau; GRPO from the plateau; the plateau and the RL policy are
-evaluated greedily on the same held-out test tasks. Prints each seed's test success (95% Wilson interval),
-the mean gain over seeds, and each stage's time. The recipe is trajlake.demo.recipe: what `make demo` runs.
+Per seed, in a lake of its own: the noisy demonstrator plays `--demos` tasks of the train split (x
+`--demo-samples`); SFT on its successful episodes, checkpointed every `--sft-every` steps, each checkpoint
+evaluated greedily on held-out val tasks, the best being the SFT plateau; GRPO from the plateau on the train
+split; the start, the plateau and the RL policy evaluated greedily on the same held-out test tasks. Prints each
+seed's test success (95% Wilson interval), how many test tasks the store finds in each policy's training lineage
+(`contaminated`: 0 means the number is held out), the mean gain over seeds and each stage's time. For
+`agentgym/textcraft` without `--env-url`, AgentGym's real TextCraft server (../shared/agentgym) is started on a
+free port of 127.0.0.1 and stopped at the end. The recipe is trajlake.demo.recipe: what `make demo` runs.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import sys
 import tempfile
+import time
+import tomllib
 from dataclasses import replace
 from pathlib import Path
 
@@ -25,8 +35,12 @@ from trajlake.display import Format, console, emit
 from trajlake.errors import TrajlakeError
 from trajlake.store import Lake
 
-#: GRPO config fields the bench varies besides the demo's own (DemoConfig.train_overrides)
+#: GRPO config fields the bench sets by name besides the demo's own (DemoConfig.train_overrides)
 TRAIN_FLOATS = ("kl_coef", "entropy_coef", "gamma", "clip_high")
+#: what the recipe plays an AgentGym TextCraft server with when not told otherwise: its actions are whole recipe
+#: lines (about 24 tokens), its test goals take the expert 2.2 turns and its train goals 7.3 (median 6)
+TEXTCRAFT = dict(difficulty=None, max_turns=8, max_new_tokens=32, demos=344, demo_samples=2, expert_noise=0.3,
+                 tasks=16, samples=8, micro_batch=8, eval_tasks=100, sft_steps=400)
 
 
 def one_seed(cfg: DemoConfig, model: Path) -> dict:
@@ -35,62 +49,117 @@ def one_seed(cfg: DemoConfig, model: Path) -> dict:
         summary = evaluate_policies(cfg, lake, list(r.policies.values()), model)
     test = {}
     for stage, policy in r.policies.items():
-        row = summary.filter(pl.col("policy") == policy).row(0, named=True)
-        test[stage.split(" ")[0]] = (row["success_rate"], row["success_low"], row["success_high"])
-    return {"result": r, "sft": test["SFT"], "rl": test["GRPO"]}
+        row = summary.filter((pl.col("policy") == policy) & (pl.col("difficulty") == "all")).row(0, named=True)
+        test[stage.split(" ")[0]] = (row["success_rate"], row["success_low"], row["success_high"],
+                                     row["contaminated_tasks"], row["tasks"])
+    return {"result": r, "start": test["start"], "sft": test["SFT"], "rl": test["GRPO"]}
+
+
+def _cell(t: tuple) -> str:
+    return f"{t[0]:.2f} [{t[1]:.2f}, {t[2]:.2f}]"
 
 
 def run(cfg: DemoConfig, seeds: int, model: Path | None = None, out: Path | None = None) -> pl.DataFrame:
     """Every seed of the recipe; `out` keeps each seed's lake and checkpoints (`lake-SEED`, `ckpt-SEED`)."""
     with tempfile.TemporaryDirectory(prefix="trajlake-learning-") as tmp:
         root = out or Path(tmp)
-        model = model or build_model(root / "models", "tiny")
+        model = model or build_model(root / "models", cfg.model)
         rows = []
         for seed in range(seeds):
+            t0 = time.perf_counter()
             s = one_seed(replace(cfg, seed=seed, lake=str(root / f"lake-{seed}"), checkpoints=root / f"ckpt-{seed}",
                                  data=None, progress=False), model)
             r, t = s["result"], s["result"].seconds
             console.print(f"seed {seed}: expert {r.expert_success:.2f}, SFT val by step {r.val_by_step}, plateau "
-                          f"step {r.plateau_step}; test SFT {s['sft'][0]:.2f} -> RL {s['rl'][0]:.2f}")
+                          f"step {r.plateau_step}; test start {s['start'][0]:.2f}, SFT {s['sft'][0]:.2f} -> RL "
+                          f"{s['rl'][0]:.2f}", soft_wrap=True)
             rows.append({"seed": seed, "expert": round(r.expert_success, 2), "sft_plateau_step": r.plateau_step,
-                         "sft": f"{s['sft'][0]:.2f} [{s['sft'][1]:.2f}, {s['sft'][2]:.2f}]",
-                         "rl": f"{s['rl'][0]:.2f} [{s['rl'][1]:.2f}, {s['rl'][2]:.2f}]",
-                         "gain": round(s["rl"][0] - s["sft"][0], 2), "sft_s": round(t["sft_s"]),
-                         "rl_s": round(t["grpo_s"]), "rl_s_per_iteration": round(t["grpo_s_per_iteration"], 1)})
+                         "start": _cell(s["start"]), "sft": _cell(s["sft"]), "rl": _cell(s["rl"]),
+                         "gain": round(s["rl"][0] - s["sft"][0], 2),
+                         "contaminated": max(x[3] or 0 for x in (s["start"], s["sft"], s["rl"])),
+                         "test_tasks": s["rl"][4], "demos_s": round(t["demos_s"]), "sft_s": round(t["sft_s"]),
+                         "rl_s": round(t["grpo_s"]), "rl_s_per_iteration": round(t["grpo_s_per_iteration"], 1),
+                         "seed_s": round(time.perf_counter() - t0)})
     table = pl.DataFrame(rows)
     emit(table, Format.table, None)
+    level = f" d{cfg.difficulty}" if cfg.difficulty is not None else ""
     console.print(f"mean gain of RL over the SFT plateau: {table['gain'].mean():+.2f} over {seeds} seeds "
-                  f"({cfg.env} d{cfg.difficulty}, demonstrations {cfg.expert}, {cfg.eval_tasks} test tasks, greedy)")
+                  f"({cfg.env}{level}, demonstrations {cfg.expert}, {cfg.eval_tasks} test tasks, greedy; "
+                  f"test tasks found in a policy's training lineage: {table['contaminated'].max()})", soft_wrap=True)
     return table
+
+
+@contextlib.contextmanager
+def env_server(env: str, url: str | None, log_dir: Path):
+    """`url`, or for agentgym/textcraft without one the URL of AgentGym's real TextCraft server, started here on a
+    free port of 127.0.0.1 for the bench's duration; None for a built-in env."""
+    if url or not env.startswith("agentgym/"):
+        yield url
+        return
+    if env != "agentgym/textcraft":
+        raise TrajlakeError(f"{env} plays a server this bench cannot start: give --env-url URL of a running one")
+    from trajlake.collect.envs.agentgym_launch import textcraft_server
+
+    log_dir.mkdir(parents=True, exist_ok=True)
+    with textcraft_server(log=log_dir / "textcraft-server.log") as server:
+        console.print(f"AgentGym's TextCraft server on {server.url} (log: {log_dir / 'textcraft-server.log'})")
+        yield server.url
+
+
+def train_override(text: str) -> tuple[str, object]:
+    """`KEY=VALUE` of --train: VALUE read as a TOML value (2, 0.5, true, "x", [1, 2]), else as a string."""
+    key, sep, value = text.partition("=")
+    if not sep or not key.strip():
+        raise argparse.ArgumentTypeError(f"--train takes KEY=VALUE (a GRPO config field), got {text!r}")
+    try:
+        parsed = tomllib.loads(f"v = {value}")["v"]
+    except tomllib.TOMLDecodeError:
+        parsed = value
+    return key.strip(), parsed
 
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    defaults = DemoConfig()
-    for name in CLI_INTS:
+    for name in (*CLI_INTS, "max_new_tokens", "demo_samples"):
         if name != "seed":
-            p.add_argument(f"--{name.replace('_', '-')}", type=int, default=getattr(defaults, name))
+            p.add_argument(f"--{name.replace('_', '-')}", type=int, default=None, help=f"override {name}")
     for name in ("expert_noise", "sft_lr", "lr", "temperature"):
-        p.add_argument(f"--{name.replace('_', '-')}", type=float, default=getattr(defaults, name))
-    p.add_argument("--env", default=defaults.env, help="env played (default doors)")
-    p.add_argument("--advantage", default=defaults.advantage, help="advantage estimator (default grpo)")
+        p.add_argument(f"--{name.replace('_', '-')}", type=float, default=None, help=f"override {name}")
+    p.add_argument("--env", default=DemoConfig.env, help="env played (default doors; agentgym/textcraft: AgentGym's "
+                   "real server, with its own defaults)")
+    p.add_argument("--env-url", default=None, help="URL of the env's server (default for agentgym/textcraft: start "
+                   "AgentGym's real one from ../shared/agentgym)")
+    p.add_argument("--template", default=None, help="action template (default plain)")
+    p.add_argument("--demos-from", type=Path, default=None, help="demonstrations from a trajectory file (OpenManus-RL "
+                   "/ AgentGym parquet, e.g. ../shared/data/agentgym/textcraft/train.parquet) instead of the noisy "
+                   "demonstrator, restricted to goals outside the held-out tasks")
+    p.add_argument("--advantage", default=None, help="advantage estimator (default grpo)")
     for name in TRAIN_FLOATS:
         p.add_argument(f"--{name.replace('_', '-')}", type=float, default=None, help=f"GRPO {name}")
     p.add_argument("--reward-spec", default=None, help="the spec GRPO trains on (default: the default spec)")
+    p.add_argument("--train", type=train_override, action="append", default=[], metavar="KEY=VALUE",
+                   help="any other GRPO config field (repeatable), e.g. horizon_start=2")
     p.add_argument("--seeds", type=int, default=3, help="seeds 0..N-1 (default 3)")
-    p.add_argument("--model", type=Path, default=None, help="model folder (default: the tiny model, built)")
+    p.add_argument("--model", default="tiny", help="tiny (default, built), smollm2 (make setup-smollm2 first), or "
+                   "the folder of a model")
     p.add_argument("--out", type=Path, default=None, help="keep each seed's lake and checkpoints in this folder "
                    "(default: a temporary folder, removed)")
     args = vars(p.parse_args(argv))
-    seeds, model, out = args.pop("seeds"), args.pop("model"), args.pop("out")
+    seeds, out, url, model = args.pop("seeds"), args.pop("out"), args.pop("env_url"), args.pop("model")
+    folder = Path(model) if (Path(model) / "config.json").is_file() else None
+    if folder is None:
+        args["model"] = model  # a name DemoConfig checks
     overrides = {k: args.pop(k) for k in (*TRAIN_FLOATS, "reward_spec") if args[k] is not None}
-    for k in (*TRAIN_FLOATS, "reward_spec"):
-        args.pop(k, None)
+    overrides.update(args.pop("train"))
+    chosen = {k: v for k, v in args.items() if v is not None and k not in (*TRAIN_FLOATS, "reward_spec")}
+    defaults = TEXTCRAFT if args["env"] == "agentgym/textcraft" else {}
     try:
         if seeds < 1:
             raise TrajlakeError(f"seeds must be >= 1, got {seeds}")
-        cfg = DemoConfig(**args, train_overrides=overrides)
-        run(cfg, seeds, model, out)
+        logs = out or Path("reports") / "learning"
+        with env_server(args["env"], url, logs) as server:
+            cfg = DemoConfig(**{**defaults, **chosen, "env_url": server}, train_overrides=overrides)
+            run(cfg, seeds, folder, out)
     except TrajlakeError as e:
         print(f"error: {e}", file=sys.stderr)
         return 1

@@ -20,6 +20,15 @@ COLUMNS = ("contaminated_tasks", "clean_tasks", "clean_episodes", "clean_success
            "clean_success_high")
 
 
+def outside_goals_of(splits: tuple[str, ...] = ("test", "val")) -> str:
+    """A filter over episodes (SQL): those whose goal no stored episode of a task of `splits` has (the store's
+    `episode_goals`). Training data restricted by it (e.g. imported expert trajectories, whose goals are text
+    and not the server's indices) shares no goal with the held-out tasks played so far: play them first."""
+    listed = ", ".join(f"'{s}'" for s in splits if s.isidentifier())
+    return ("episode_id NOT IN (SELECT g.episode_id FROM episode_goals g JOIN episode_goals h USING (family, goal) "
+            f"JOIN tasks t ON t.task_id = h.task_id WHERE t.split IN ({listed}))")
+
+
 def contamination(lake: Lake, eval_runs: list[str]) -> pl.DataFrame:
     """One row per eval run of `eval_runs` (and env, split): its tasks, how many share a goal with the policy's
     training episodes, and the success on the clean ones (eval_contamination's columns)."""
@@ -68,4 +77,4 @@ def contamination_notes(summary: pl.DataFrame) -> list[str]:
 
 
 __all__ = ["COLUMNS", "CONTAMINATION_SQL", "contamination", "contamination_notes", "held_out_label",
-           "with_contamination"]
+           "outside_goals_of", "with_contamination"]

@@ -38,4 +38,6 @@ def test_the_pipeline_runs_on_the_real_server(tmp_path, monkeypatch, textcraft_u
                            "WHERE r.kind = 'eval'")
         assert evals.height == 3  # the start, the SFT and the GRPO policies, on the same held-out tasks
         assert lake.query("SELECT count(*) AS n FROM train_steps WHERE run_id = 'agentgym-grpo'")["n"][0] >= 1
+        # held out: no evaluated task shares a goal with an imported episode the policies trained on
+        assert lake.query("SELECT max(contaminated_tasks) AS k FROM eval_contamination")["k"][0] == 0
     assert main(argv) == 0  # a second run resumes: nothing to redo, the same results

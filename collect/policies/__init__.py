@@ -5,7 +5,8 @@
 - `openai:URL#MODEL`: any OpenAI-compatible chat endpoint.
 - `scripted:ENV` (or `scripted`): the env's scripted expert (`scripted:textcraft` for `agentgym/textcraft` too;
   with `agentgym/trajlake`, trajlake's own server, ENV names the env it serves). `scripted:ENV?noise=P` is a
-  noisy demonstrator: each action is the env's hasty guess with probability P (envs whose expert can guess).
+  noisy demonstrator: each action is, with probability P, the env's own hasty mistake where its expert has one
+  (doors, TextCraft) and another valid action elsewhere; `?random=P` always takes another valid action.
 - `policy:ID`: a checkpoint recorded in the store's policies table (loaded with transformers).
 - `run:RUN_ID`: the last checkpoint of a train run (`resolve_policy_spec` turns it into `policy:ID`).
 
