@@ -64,11 +64,14 @@ def process_values(params: Mapping, turns: Sequence[Mapping], expr: Callable | N
             v = float(expr(t))
         else:
             step = t.get("step_reward")
+            result = _result(turns, i)
             signal = {
                 "format_ok": t.get("format_ok"),
                 "valid_action": _valid(t.get("info")),
                 "new_observation": True if i == 0 else None if obs is None or prev is None else obs != prev,
                 "positive_step": None if step is None else step > 0,
+                "result_matches": None if result is None or params.get("pattern") is None
+                else re.search(params["pattern"], result) is not None,
             }[params["signal"]]
             if signal is None and params.get("unknown", "skip") == "false":
                 signal = False
@@ -76,6 +79,20 @@ def process_values(params: Mapping, turns: Sequence[Mapping], expr: Callable | N
         prev = obs
         out.append(float(v))
     return out
+
+
+def _result(turns: Sequence[Mapping], i: int) -> str | None:
+    """What turn i's action got back: the next turn's observation, or on the last turn info.final_observation."""
+    if i + 1 < len(turns):
+        return turns[i + 1].get("observation")
+    info = turns[i].get("info")
+    if isinstance(info, str):
+        try:
+            info = json.loads(info)
+        except ValueError:
+            return None
+    value = info.get("final_observation") if isinstance(info, Mapping) else None
+    return value if isinstance(value, str) else None
 
 
 def _format_hits(p: Mapping, turns: Sequence[Mapping]) -> list[float | None]:

@@ -143,8 +143,10 @@ def spec_st(draw, strategy: str) -> tuple[str, dict]:
     if draw(st.booleans()):
         env["clip_max"] = draw(st.sampled_from([0.5, 2.0]))
     comp("env_reward", "env", **env)
-    comp("process", "signal", signal=draw(st.sampled_from(["format_ok", "valid_action", "new_observation",
-                                                           "positive_step"])),
+    signal = draw(st.sampled_from(["format_ok", "valid_action", "new_observation", "positive_step",
+                                   "result_matches"]))
+    result = {"pattern": draw(st.sampled_from(["^Got ", "o", "[0-9]$"]))} if signal == "result_matches" else {}
+    comp("process", "signal", signal=signal, **result,
          reward=draw(st.sampled_from([1.0, 0.05])), penalty=draw(st.sampled_from([0.0, -0.05])),
          unknown=draw(st.sampled_from(["skip", "false"])))
     texpr, tfn = draw(st.sampled_from(TURN_EXPRS))
