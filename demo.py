@@ -24,7 +24,7 @@ from __future__ import annotations
 import argparse
 import sys
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import polars as pl
@@ -238,7 +238,8 @@ def train_stage(cfg: DemoConfig, lake: Lake, config_name: str, **overrides):
 
     tc = load_config(CONFIGS / config_name, **cfg.rollout, seed=cfg.seed, progress=cfg.progress,
                      checkpoint_dir=str(cfg.checkpoints.absolute()), **overrides)
-    return train(tc, lake)
+    # the rollout settings whole, None included (load_config keeps the file's value for a None: doors' level)
+    return train(replace(tc, **cfg.rollout), lake)
 
 
 def sft_to_plateau(cfg: DemoConfig, lake: Lake, model: Path, sft_filter: str) -> tuple[dict[int, float], int]:

@@ -29,3 +29,30 @@ def test_one_tiny_seed_prints_the_plateau_and_rl(bench, tiny, capsys):
     assert bench.main(argv) == 0
     out = capsys.readouterr().out
     assert "seed 0: expert 1.00" in out and "mean gain of RL over the SFT plateau" in out
+
+
+def test_agentgym_options_are_checked_before_any_work(bench, capsys, tmp_path):
+    assert bench.main(["--env", "agentgym/babyai", "--out", str(tmp_path)]) == 1
+    assert capsys.readouterr().err.strip() == ("error: agentgym/babyai plays a server this bench cannot start: give "
+                                               "--env-url URL of a running one")
+    dead = ["--env", "agentgym/textcraft", "--env-url", "http://127.0.0.1:9", "--out", str(tmp_path)]
+    assert bench.main([*dead, "--difficulty", "3"]) == 1
+    assert capsys.readouterr().err.strip() == ("error: demo: agentgym/textcraft has no difficulty levels; leave "
+                                               "difficulty unset")
+    with pytest.raises(SystemExit):
+        bench.main([*dead, "--train", "no-equals-sign"])
+    assert "--train takes KEY=VALUE" in capsys.readouterr().err
+    assert bench.train_override("horizon_start=2") == ("horizon_start", 2)
+    assert bench.train_override("reward_spec=rewards/specs/x.toml") == ("reward_spec", "rewards/specs/x.toml")
+    assert not list(tmp_path.iterdir())  # nothing played, nothing stored
+
+
+@pytest.mark.slow
+def test_one_tiny_seed_on_the_real_textcraft_server_is_held_out(bench, tiny, capsys, textcraft_url, tmp_path):
+    argv = ["--env", "agentgym/textcraft", "--env-url", textcraft_url, "--seeds", "1", "--demos", "6",
+            "--sft-steps", "2", "--sft-every", "1", "--iterations", "1", "--tasks", "2", "--samples", "2",
+            "--eval-tasks", "2", "--max-turns", "3", "--micro-batch", "4", "--train", "horizon_start=2",
+            "--model", str(tiny), "--out", str(tmp_path / "out")]
+    assert bench.main(argv) == 0
+    out = capsys.readouterr().out
+    assert "seed 0: expert" in out and "test tasks found in a policy's training lineage: 0" in out

@@ -112,6 +112,11 @@ class AgentGymClient:
         return [Task(task_id=f"{self.name}/{split}/{i}", env=self.name, split=split, seed=i, meta={"data_idx": i})
                 for i in range(start, start + n)]
 
+    @property
+    def difficulties(self) -> tuple[int, ...]:
+        """No difficulty levels: AgentGym's servers have none."""
+        return ()
+
     def split_size(self, split: str) -> int | None:
         """How many tasks `split` holds (None: no end, the server's tasks are seeds or it lists its own)."""
         return None if self.preset.send_task else self.preset.split_size(split)
