@@ -170,8 +170,14 @@ def envs() -> None:
 
     from trajlake.collect.envs import env_info
 
-    rows = [{"name": r["name"], "difficulties": ",".join(map(str, r["difficulties"])), "actions": r["actions"],
-             "description": r["description"]} for r in env_info()]
+    def splits(ranges: dict, remote: bool) -> str:
+        if not ranges:
+            return "listed by its server" if remote else "seeded"
+        return ", ".join(f"{s} {a}-{b - 1}" if b is not None else f"{s} {a}+" for s, (a, b) in ranges.items())
+
+    rows = [{"name": r["name"], "difficulties": ",".join(map(str, r["difficulties"])),
+             "splits": splits(r["split_ranges"], r["remote"]), "actions": r["actions"], "description": r["description"]}
+            for r in env_info()]
     display.emit(pl.DataFrame(rows), display.Format.table, None)
 
 

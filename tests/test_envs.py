@@ -58,8 +58,10 @@ def test_registry_lists_the_builtins():
         assert row["description"] and row["actions"] and row["splits"]
         if row["remote"]:  # AgentGym's servers: their own splits of data indices, no difficulty levels
             assert row["name"].startswith("agentgym/") and set(row["splits"]) <= set(SPLITS) and not row["difficulties"]
+            assert set(row["split_ranges"]) == (set() if row["name"] == "agentgym/trajlake" else set(row["splits"]))
         else:
-            assert row["splits"] == list(SPLITS) and row["difficulties"]
+            assert row["splits"] == list(SPLITS) and row["difficulties"] and row["split_ranges"] == {}
+    assert info["agentgym/textcraft"]["split_ranges"] == {"test": (0, 100), "val": (100, 200), "train": (200, 544)}
 
 
 def test_unknown_env_lists_the_valid_ones():

@@ -320,6 +320,7 @@ def register() -> list[str]:
         attrs = {"name": preset.env_name, "default_preset": preset.name, "expert_aliases": (preset.name,),
                  "description": preset.instructions,
                  "action_help": preset.action_help, "splits": tuple(preset.splits),
+                 "split_ranges": {} if preset.send_task else dict(preset.splits),
                  "default_template": preset.template,
                  "__doc__": f"AgentGym's {preset.title} server ({preset.name})."}
         register_env(type(f"AgentGym_{preset.name}", (AgentGymClient,), attrs))

@@ -85,6 +85,9 @@ class Env(ABC):
     remote: bool = False
     #: other names `scripted:NAME` may give this env's expert (`textcraft` for `agentgym/textcraft`)
     expert_aliases: tuple[str, ...] = ()
+    #: split -> (first data index, end or None) of a server's env whose tasks are its data indices; empty for
+    #: envs that draw their tasks from seeds (the built-ins: splits never share a seed)
+    split_ranges: dict[str, tuple[int, int | None]] = {}
 
     def __init__(self, invalid_penalty: float = 0.0):
         """`invalid_penalty` is the reward (<= 0) for an action the env did not understand."""

@@ -50,5 +50,6 @@ def env_info() -> list[dict[str, Any]]:
         rows.append({"name": name, "description": cls.description, "actions": cls.action_help,
                      "remote": bool(getattr(cls, "remote", False)),
                      "splits": list(getattr(cls, "splits", SPLITS)), "difficulties": sorted(cls.max_steps),
-                     "max_steps": dict(sorted(cls.max_steps.items()))})
+                     "max_steps": dict(sorted(cls.max_steps.items())),
+                     "split_ranges": dict(getattr(cls, "split_ranges", {}))})
     return rows
