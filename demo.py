@@ -80,6 +80,8 @@ class DemoConfig:
     demonstrations on an env whose train split is small (TextCraft's 344 goals)."""
     sft_steps: int = 600
     """SFT optimizer steps (minibatches of 16)."""
+    sft_batch: int = 16
+    """Episodes per SFT step."""
     sft_every: int = 100
     """An SFT checkpoint every this many steps; each is evaluated on val, the best is the plateau."""
     sft_lr: float = 1e-3
@@ -137,8 +139,8 @@ class DemoConfig:
             raise TrajlakeError(f"demo: {self.env} has no difficulty levels; leave difficulty unset")
         if not 0.0 <= self.expert_noise <= 1.0:
             raise TrajlakeError(f"demo: expert_noise must be between 0 and 1, got {self.expert_noise}")
-        for name in ("max_turns", "max_new_tokens", "demos", "demo_samples", "sft_steps", "sft_every", "iterations",
-                     "tasks", "samples", "micro_batch", "eval_tasks"):
+        for name in ("max_turns", "max_new_tokens", "demos", "demo_samples", "sft_steps", "sft_batch", "sft_every",
+                     "iterations", "tasks", "samples", "micro_batch", "eval_tasks"):
             if getattr(self, name) < 1:
                 raise TrajlakeError(f"demo: {name} must be >= 1, got {getattr(self, name)}")
         if self.sft_every > self.sft_steps:
@@ -247,7 +249,8 @@ def sft_to_plateau(cfg: DemoConfig, lake: Lake, model: Path, sft_filter: str) ->
     val success, and the step of the best (the earliest of equals)."""
     sft = f"{cfg.prefix}-sft"
     train_stage(cfg, lake, "sft-doors-noisy.toml", run_id=sft, model=str(model), sft_steps=cfg.sft_steps,
-                checkpoint_every=cfg.sft_every, lr=cfg.sft_lr, micro_batch=min(cfg.micro_batch, 16),
+                checkpoint_every=cfg.sft_every, lr=cfg.sft_lr, minibatch_size=cfg.sft_batch,
+                micro_batch=min(cfg.micro_batch, cfg.sft_batch),
                 sft_filter=sft_filter)
     steps = list(range(cfg.sft_every, cfg.sft_steps + 1, cfg.sft_every))
     if steps[-1] != cfg.sft_steps:
