@@ -75,6 +75,9 @@ class DemoConfig:
     """A trajectory file (OpenManus-RL's / AgentGym's parquet) whose successful episodes are the demonstrations
     instead of the noisy demonstrator's, imported into the store and restricted to goals outside the held-out
     tasks (the start model plays those first, so their goals are known)."""
+    demo_offset: int = 0
+    """The first train task the demonstrations play (collect's task_offset): with a bounded train split, the
+    demonstrations can cover its end while GRPO's iterations play its start, goals SFT never saw."""
     demo_samples: int = 1
     """Demonstrations per task (a noisy demonstrator plays each task this many times, each its own draw): more
     demonstrations on an env whose train split is small (TextCraft's 344 goals)."""
@@ -143,6 +146,8 @@ class DemoConfig:
                      "iterations", "tasks", "samples", "micro_batch", "eval_tasks"):
             if getattr(self, name) < 1:
                 raise TrajlakeError(f"demo: {name} must be >= 1, got {getattr(self, name)}")
+        if self.demo_offset < 0:
+            raise TrajlakeError(f"demo: demo_offset must be >= 0, got {self.demo_offset}")
         if self.sft_every > self.sft_steps:
             raise TrajlakeError(f"demo: sft_every ({self.sft_every}) must be <= sft_steps ({self.sft_steps})")
 
@@ -206,9 +211,10 @@ def collect_demonstrations(cfg: DemoConfig, lake: Lake, model: Path) -> tuple[st
     if cfg.demos_from:
         rid = import_agentgym(lake, [cfg.demos_from], model, env=cfg.env, progress=cfg.progress).run_id
     else:
-        rid = collect(CollectConfig(policy=cfg.expert, tokenizer=str(model), tasks=cfg.demos, samples=cfg.demo_samples,
-                                    seed=cfg.seed, run_id=f"{cfg.prefix}-expert", progress=cfg.progress,
-                                    **cfg.rollout), lake)
+        demos = CollectConfig(policy=cfg.expert, tokenizer=str(model), tasks=cfg.demos, samples=cfg.demo_samples,
+                              task_offset=cfg.demo_offset, seed=cfg.seed, run_id=f"{cfg.prefix}-expert",
+                              progress=cfg.progress, **cfg.rollout)
+        rid = collect(demos, lake)
     n, s = lake.query("SELECT count(*) AS n, avg(success::INT) AS s FROM episodes WHERE run_id = ? "
                       "AND status IS DISTINCT FROM 'error'", [rid]).row(0)  # env errors say nothing of the expert
     if cfg.progress:

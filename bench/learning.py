@@ -120,7 +120,7 @@ def train_override(text: str) -> tuple[str, object]:
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    for name in (*CLI_INTS, "max_new_tokens", "demo_samples", "sft_batch"):
+    for name in (*CLI_INTS, "max_new_tokens", "demo_samples", "demo_offset", "sft_batch"):
         if name != "seed":
             p.add_argument(f"--{name.replace('_', '-')}", type=int, default=None, help=f"override {name}")
     for name in ("expert_noise", "sft_lr", "lr", "temperature"):
