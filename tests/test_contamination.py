@@ -151,3 +151,15 @@ def test_evaluate_labels_a_policy_trained_on_its_test_tasks(tmp_path, tiny):
 def test_the_query_file_is_documented():
     assert QUERY.is_file() and "contamination.sql" in (QUERY.parent / "README.md").read_text()
     assert json.dumps(QUERY.read_text())  # plain text, runs as is (test_cookbook runs every file)
+
+
+def test_training_data_can_be_restricted_to_goals_outside_the_held_out_tasks(lake):
+    """Imported demonstrations of a held-out goal (blue dye, a test task's goal) are left out of SFT's filter;
+    those of other goals stay."""
+    from trajlake.evaluate.contamination import outside_goals_of
+
+    _seed(lake)
+    kept = lake.query(f"SELECT episode_id FROM episodes WHERE run_id = 'import' AND {outside_goals_of()} "
+                      "ORDER BY episode_id")["episode_id"].to_list()
+    assert kept == ["d2"]
+    assert outside_goals_of(("val",)).endswith("WHERE t.split IN ('val'))")
