@@ -93,7 +93,8 @@ def test_a_noisy_builtin_expert_plays_other_valid_actions(env, option, lake, tin
         assert all("sign is here" in r["observation"] and r["want"] == "read sign" for r in noisy)
 
 
-@pytest.mark.parametrize("env", BUILTIN)
+# doors in the fast tier, the other built-ins in the slow one (each plays three collect runs)
+@pytest.mark.parametrize("env", [e if e == "doors" else pytest.param(e, marks=pytest.mark.slow) for e in BUILTIN])
 def test_noise_zero_is_the_plain_expert_and_a_seed_replays_its_demonstrations(env, lake, tiny, tmp_path):
     """noise=0 and random=0 are the plain expert (its policy id too); a noisy collect repeated with the same seed
     in another lake plays the same actions, and another seed plays others."""

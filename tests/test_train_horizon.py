@@ -84,6 +84,7 @@ def model(tmp_path_factory):
     return tiny_model_dir(tmp_path_factory)
 
 
+@pytest.mark.slow
 def test_grpo_rollouts_play_the_scheduled_caps(model, tmp_path):
     kw = dict(run_id="hz", tasks=2, samples=2, iterations=3, minibatch_size=4, micro_batch=4, max_turns=3,
               horizon_start=1, horizon_every=1, eval_every=1, eval_tasks=2, reward_spec=varied_spec(tmp_path))
