@@ -59,13 +59,15 @@ def _cell(t: tuple) -> str:
     return f"{t[0]:.2f} [{t[1]:.2f}, {t[2]:.2f}]"
 
 
-def run(cfg: DemoConfig, seeds: int, model: Path | None = None, out: Path | None = None) -> pl.DataFrame:
-    """Every seed of the recipe; `out` keeps each seed's lake and checkpoints (`lake-SEED`, `ckpt-SEED`)."""
+def run(cfg: DemoConfig, seeds: int, model: Path | None = None, out: Path | None = None,
+        first_seed: int = 0) -> pl.DataFrame:
+    """Seeds first_seed .. first_seed + seeds - 1 of the recipe; `out` keeps each seed's lake and checkpoints
+    (`lake-SEED`, `ckpt-SEED`), so seeds run as separate processes share one folder."""
     with tempfile.TemporaryDirectory(prefix="trajlake-learning-") as tmp:
         root = out or Path(tmp)
         model = model or build_model(root / "models", cfg.model)
         rows = []
-        for seed in range(seeds):
+        for seed in range(first_seed, first_seed + seeds):
             t0 = time.perf_counter()
             s = one_seed(replace(cfg, seed=seed, lake=str(root / f"lake-{seed}"), checkpoints=root / f"ckpt-{seed}",
                                  data=None, progress=False), model)
@@ -83,7 +85,7 @@ def run(cfg: DemoConfig, seeds: int, model: Path | None = None, out: Path | None
     table = pl.DataFrame(rows)
     emit(table, Format.table, None)
     level = f" d{cfg.difficulty}" if cfg.difficulty is not None else ""
-    console.print(f"mean gain of RL over the SFT plateau: {table['gain'].mean():+.2f} over {seeds} seeds "
+    console.print(f"mean gain of RL over the SFT plateau: {table['gain'].mean():+.2f} over {table.height} seeds "
                   f"({cfg.env}{level}, demonstrations {cfg.expert}, {cfg.eval_tasks} test tasks, greedy; "
                   f"test tasks found in a policy's training lineage: {table['contaminated'].max()})", soft_wrap=True)
     return table
@@ -139,13 +141,16 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--reward-spec", default=None, help="the spec GRPO trains on (default: the default spec)")
     p.add_argument("--train", type=train_override, action="append", default=[], metavar="KEY=VALUE",
                    help="any other GRPO config field (repeatable), e.g. horizon_start=2")
-    p.add_argument("--seeds", type=int, default=3, help="seeds 0..N-1 (default 3)")
+    p.add_argument("--seeds", type=int, default=3, help="how many seeds (default 3)")
+    p.add_argument("--first-seed", type=int, default=0, help="the first seed (default 0): seeds run in parallel "
+                   "as processes with --first-seed 0, 1, 2 and --seeds 1, sharing --out")
     p.add_argument("--model", default="tiny", help="tiny (default, built), smollm2 (make setup-smollm2 first), or "
                    "the folder of a model")
     p.add_argument("--out", type=Path, default=None, help="keep each seed's lake and checkpoints in this folder "
                    "(default: a temporary folder, removed)")
     args = vars(p.parse_args(argv))
     seeds, out, url, model = args.pop("seeds"), args.pop("out"), args.pop("env_url"), args.pop("model")
+    first_seed = args.pop("first_seed")
     folder = Path(model) if (Path(model) / "config.json").is_file() else None
     if folder is None:
         args["model"] = model  # a name DemoConfig checks
@@ -154,12 +159,12 @@ def main(argv: list[str] | None = None) -> int:
     chosen = {k: v for k, v in args.items() if v is not None and k not in (*TRAIN_FLOATS, "reward_spec")}
     defaults = TEXTCRAFT if args["env"] == "agentgym/textcraft" else {}
     try:
-        if seeds < 1:
-            raise TrajlakeError(f"seeds must be >= 1, got {seeds}")
+        if seeds < 1 or first_seed < 0:
+            raise TrajlakeError(f"seeds must be >= 1 and first-seed >= 0, got {seeds} and {first_seed}")
         logs = out or Path("reports") / "learning"
         with env_server(args["env"], url, logs) as server:
             cfg = DemoConfig(**{**defaults, **chosen, "env_url": server}, train_overrides=overrides)
-            run(cfg, seeds, folder, out)
+            run(cfg, seeds, folder, out, first_seed)
     except TrajlakeError as e:
         print(f"error: {e}", file=sys.stderr)
         return 1
