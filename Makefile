@@ -88,9 +88,10 @@ agentgym-pipeline-smollm2: setup-smollm2
 	$(PY) -m trajlake.agentgym_pipeline --lake $(LAKE) --model smollm2 $(if $(ENV_URL),--env-url $(ENV_URL),)
 
 # RL against imitation on AgentGym's real TextCraft server, measured on held-out goals no training step saw
-# (bench/learning.py --env agentgym/textcraft): per seed, a noisy planner's demonstrations on the train goals
-# (server data indices 200-543), SFT to its plateau on val (100-199), GRPO from it on the server, and the start,
-# plateau and RL policies on the 100 test goals (0-99), with the store's contamination count. The server is
+# (bench/learning.py --env agentgym/textcraft): per seed, the planner's demonstrations on the last 172 train goals
+# (server data indices 372-543), SFT to its plateau on val (100-199), GRPO from it on train goals SFT never saw
+# (200-359) with TextCraft's progress rewards, and the start, plateau and RL policies on the 100 test goals
+# (0-99), with the store's contamination count. The server is
 # started from ../shared/agentgym and stopped by it (ENV_URL=... plays a running one); LEARNING_SEEDS=3 for the
 # three-seed table. Each seed's lake stays under reports/agentgym-learning (a re-run resumes or only prints).
 LEARNING_SEEDS ?= 1
