@@ -7,6 +7,7 @@ snapshot. See `store.uri` for the catalog backends.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import random
 import re
@@ -402,7 +403,6 @@ def _is_json_col(table: str, column: str) -> bool:
 
 
 def _rollback(cur: duckdb.DuckDBPyConnection) -> None:
-    try:
+    """Roll back the cursor's transaction; one the failure already ended has nothing to roll back."""
+    with contextlib.suppress(duckdb.Error):
         cur.execute("ROLLBACK")
-    except duckdb.Error:
-        pass

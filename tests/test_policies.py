@@ -295,7 +295,7 @@ class _ChatHandler(BaseHTTPRequestHandler):
         self.wfile.write(data)
 
     def log_message(self, *args):
-        pass
+        """Quiet: the test server's request lines would only clutter pytest's output."""
 
 
 def test_openai_policy_collects_end_to_end(taught, taught_hf, shared):
