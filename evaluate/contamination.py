@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import polars as pl
 
-from trajlake.evaluate.metrics import held_out_label, wilson_interval
+from trajlake.evaluate.metrics import wilson_interval
 from trajlake.store import Lake
 
 CONTAMINATION_SQL = "SELECT * FROM eval_contamination WHERE eval_run IN (SELECT unnest(?::VARCHAR[]))"
@@ -76,5 +76,5 @@ def contamination_notes(summary: pl.DataFrame) -> list[str]:
     return notes
 
 
-__all__ = ["COLUMNS", "CONTAMINATION_SQL", "contamination", "contamination_notes", "held_out_label",
-           "outside_goals_of", "with_contamination"]
+__all__ = ["COLUMNS", "CONTAMINATION_SQL", "contamination", "contamination_notes", "outside_goals_of",
+           "with_contamination"]
