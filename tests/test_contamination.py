@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
 from typer.testing import CliRunner
 
 from tests.helpers import SYSTEM, small_cfg
@@ -122,6 +123,7 @@ def test_summaries_are_labelled_and_noted(tmp_path):
     assert "success on the 2 clean tasks: 0.00" in notes[0]
 
 
+@pytest.mark.slow
 def test_evaluate_labels_a_policy_trained_on_its_test_tasks(tmp_path, tiny):
     """SFT on expert episodes of the doors test split: evaluated on test it is not held out (every task shares
     its id with a trained-on episode); on val it is clean."""

@@ -16,6 +16,7 @@ SMALL = ["--demos", "64", "--sft-steps", "4", "--sft-every", "2", "--iterations"
          "--micro-batch", "8", "--eval-tasks", "4"]
 
 
+@pytest.mark.slow
 def test_demo_runs_every_stage_and_resumes(tmp_path, tmp_path_factory, capsys):
     models = tmp_path / "models"
     shutil.copytree(tiny_model_dir(tmp_path_factory), models / "tiny")

@@ -76,7 +76,8 @@ def actions_by_task(lake: Lake, run_id: str) -> dict[str, list[str]]:
 
 
 @pytest.mark.parametrize("option", ["noise", "random"])
-@pytest.mark.parametrize("env", BUILTIN)
+@pytest.mark.parametrize("env", [e if e in ("doors", "crafting") else pytest.param(e, marks=pytest.mark.slow)
+                                 for e in BUILTIN])
 def test_a_noisy_builtin_expert_plays_other_valid_actions(env, option, lake, tiny):
     """About half the turns are another of the env's valid actions (doors' noise: its hasty guess, a door opened
     without reading the sign), never the expert's; the env accepts every one of them."""
@@ -238,6 +239,7 @@ def test_the_textcraft_planner_lists_what_the_game_accepts_and_reads_the_replies
 # ---- third-party games --------------------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(not available("textarena"), reason="textarena is not installed (pip install 'trajlake[envs]')")
 @pytest.mark.parametrize("env", TEXTARENA)
 def test_textarena_experts_play_other_valid_moves(env, lake, tiny):
