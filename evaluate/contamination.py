@@ -15,9 +15,10 @@ from trajlake.store import Lake
 
 CONTAMINATION_SQL = "SELECT * FROM eval_contamination WHERE eval_run IN (SELECT unnest(?::VARCHAR[]))"
 
-#: the columns `with_contamination` adds to a summary's overall rows
-COLUMNS = ("contaminated_tasks", "clean_tasks", "clean_episodes", "clean_success_rate", "clean_success_low",
-           "clean_success_high")
+#: the columns `with_contamination` adds to a summary's overall rows, with their types
+COLUMN_TYPES = {"contaminated_tasks": pl.Int64, "clean_tasks": pl.Int64, "clean_episodes": pl.Int64,
+                "clean_success_rate": pl.Float64, "clean_success_low": pl.Float64, "clean_success_high": pl.Float64}
+COLUMNS = tuple(COLUMN_TYPES)
 
 
 def outside_goals_of(splits: tuple[str, ...] = ("test", "val")) -> str:
@@ -53,9 +54,7 @@ def with_contamination(lake: Lake, summary: pl.DataFrame, runs: dict[str, str], 
                 lo, hi = wilson_interval(c["clean_successes"], c["clean_episodes"], confidence)
                 extra.update(clean_success_low=lo, clean_success_high=hi)
         rows.append({**row, **extra})
-    schema = {**summary.schema, "contaminated_tasks": pl.Int64, "clean_tasks": pl.Int64, "clean_episodes": pl.Int64,
-              "clean_success_rate": pl.Float64, "clean_success_low": pl.Float64, "clean_success_high": pl.Float64}
-    return pl.DataFrame(rows, schema=schema)
+    return pl.DataFrame(rows, schema={**summary.schema, **COLUMN_TYPES})
 
 
 def contamination_notes(summary: pl.DataFrame) -> list[str]:
