@@ -18,6 +18,7 @@ def bench():
     return load_bench("collect")
 
 
+@pytest.mark.slow  # over 8 s on 2 cores: `make test` keeps its 8 minutes
 def test_two_rounds_print_each_ratio_and_the_median(bench, tmp_path_factory, capsys):
     model = str(tiny_model_dir(tmp_path_factory))
     assert bench.main([*TINY, "--model", model, "--rounds", "2"]) == 0

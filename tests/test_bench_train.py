@@ -43,6 +43,7 @@ def _check(result: dict, args) -> None:
     assert len(result["prompt_ids"]) == args.prompts
 
 
+@pytest.mark.slow  # over 8 s on 2 cores: `make test` keeps its 8 minutes
 def test_trajlake_side(bench, model, tmp_path):
     args = bench.parse_args(TINY)
     result = bench.run_trajlake(args, model, tmp_path)

@@ -396,6 +396,7 @@ def test_policy_id_loads_the_recorded_checkpoint(tiny, taught, shared):
 
 
 # ---- Ray env workers -----------------------------------------------------------------------------------
+@pytest.mark.slow  # over 8 s on 2 cores: `make test` keeps its 8 minutes
 def test_ray_env_workers_match_in_process(tiny, shared):
     """Envs on 2 Ray actors step the same as in-process (Ray's start takes 5-15 s here)."""
     ray = pytest.importorskip("ray")

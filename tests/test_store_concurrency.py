@@ -105,6 +105,7 @@ print("done", flush=True)
 """
 
 
+@pytest.mark.slow  # over 8 s on 2 cores: `make test` keeps its 8 minutes
 def test_processes_share_a_multi_process_catalog(lake_uri):
     if not lake_uri.startswith(("sqlite:", "postgres:")):
         pytest.skip("a DuckDB-file catalog admits one process (see test_second_process_on_the_same_lake)")
@@ -215,6 +216,7 @@ def _race(target, args_of, n: int) -> list:
     return results
 
 
+@pytest.mark.slow  # over 8 s on 2 cores: `make test` keeps its 8 minutes
 @pytest.mark.parametrize("backend", ["sqlite", "postgres"])
 def test_racing_appends_of_the_same_keys_store_each_once(backend, tmp_path, request):
     """N processes released together append the same keys, over several rounds: every key is stored exactly

@@ -128,6 +128,7 @@ loop.train(cfg, Lake.open(sys.argv[2]))
 """
 
 
+@pytest.mark.slow  # over 8 s on 2 cores: `make test` keeps its 8 minutes
 def test_resume_after_a_kill(model, tmp_path):
     kw = dict(run_id="r1", tasks=2, samples=2, iterations=3, minibatch_size=4, micro_batch=2, save_optimizer=True,
               checkpoint_dir=str(tmp_path / "ckpt"), reward_spec=varied_spec(tmp_path))
@@ -171,6 +172,7 @@ def test_module_entry_point(model, tmp_path, capsys):
     assert "learning_rate" in capsys.readouterr().err
 
 
+@pytest.mark.slow  # over 8 s on 2 cores: `make test` keeps its 8 minutes
 def test_iterations_rotate_through_the_split_and_run_names_a_checkpoint(model, lake):
     cfg = small_cfg(model, run_id="rot", tasks=2, samples=2, iterations=2, minibatch_size=4, micro_batch=4)
     train(cfg, lake)
@@ -209,6 +211,7 @@ def test_an_iteration_whose_rollouts_all_hit_env_errors_fails_and_a_restart_retr
     assert dict(lake.query("SELECT run_id, status FROM runs").iter_rows()) == {"tf": "finished", "tf/it-1": "finished"}
 
 
+@pytest.mark.slow  # over 8 s on 2 cores: `make test` keeps its 8 minutes
 def test_iterations_without_a_learning_signal_say_so_and_warn(model, lake, tmp_path, capsys, monkeypatch):
     """A reward that is the same for every episode gives every advantage 0: nothing is trained, and the run says
     so in each iteration's metrics and, from NO_SIGNAL_WARN in a row (3; 2 here, to keep the test short), warns

@@ -86,6 +86,7 @@ def test_a_changed_checkpoint_is_reported_with_its_largest_difference(runs, caps
     assert "bit for bit" in capsys.readouterr().out
 
 
+@pytest.mark.slow  # over 8 s on 2 cores: `make test` keeps its 8 minutes
 def test_another_thread_count_is_named_when_weights_differ(lake):
     torch.set_num_threads(2)
     try:
