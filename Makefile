@@ -22,7 +22,7 @@ setup: $(STAMP)
 
 # torch first, from the CPU build on disk (any other torch pulls GBs of CUDA packages), then DeepSpeed
 # without build isolation (its sdist imports torch to build), then the project with its dev extras.
-$(STAMP): pyproject.toml Makefile
+$(STAMP): pyproject.toml setup.py Makefile
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q torch==2.13.0 setuptools wheel
 	DS_BUILD_OPS=0 $(PY) -m pip install -q --no-build-isolation 'deepspeed>=0.15'
@@ -72,20 +72,20 @@ test-all: setup
 # RL beating imitation on a multi-turn task (doors d3 from a noisy demonstrator: SFT to its plateau, then GRPO)
 # on the tiny model, about 4 minutes on 2 CPU cores; then the same recipe on SmolLM2-135M-Instruct.
 demo: setup
-	$(PY) -m trajlake.demo --lake $(LAKE)
+	$(PY) -m trajlake.recipes.demo --lake $(LAKE)
 
 demo-smollm2: setup-smollm2
-	$(PY) -m trajlake.demo --lake $(LAKE) --model smollm2
+	$(PY) -m trajlake.recipes.demo --lake $(LAKE) --model smollm2
 
 # OpenManus-RL's pipeline on AgentGym's real TextCraft server (started from ../shared/agentgym on a free port of
 # 127.0.0.1, or ENV_URL=http://... of a running one): import AgentGym's expert trajectories, SFT on them, GRPO
 # whose rollouts play the server, held-out evaluation before and after.
 ENV_URL ?=
 agentgym-pipeline: setup
-	$(PY) -m trajlake.agentgym_pipeline --lake $(LAKE) $(if $(ENV_URL),--env-url $(ENV_URL),)
+	$(PY) -m trajlake.recipes.agentgym_pipeline --lake $(LAKE) $(if $(ENV_URL),--env-url $(ENV_URL),)
 
 agentgym-pipeline-smollm2: setup-smollm2
-	$(PY) -m trajlake.agentgym_pipeline --lake $(LAKE) --model smollm2 $(if $(ENV_URL),--env-url $(ENV_URL),)
+	$(PY) -m trajlake.recipes.agentgym_pipeline --lake $(LAKE) --model smollm2 $(if $(ENV_URL),--env-url $(ENV_URL),)
 
 # RL against imitation on AgentGym's real TextCraft server, measured on held-out goals no training step saw
 # (bench/learning.py --env agentgym/textcraft): per seed, the planner's demonstrations on the last 172 train goals
@@ -104,7 +104,7 @@ agentgym-learning: setup
 # SEEDS="0 1 2" repeats the whole workflow per seed (about 2 minutes a seed on 2 CPU cores).
 SEEDS ?= 0
 rescore: setup
-	$(PY) -m trajlake.rescore --lake $(LAKE) --seeds $(SEEDS)
+	$(PY) -m trajlake.recipes.rescore --lake $(LAKE) --seeds $(SEEDS)
 
 # The tiny offline model the default targets play with.
 $(MODEL)/model.safetensors: | $(STAMP)

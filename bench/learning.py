@@ -14,7 +14,7 @@ split; the start, the plateau and the RL policy evaluated greedily on the same h
 seed's test success (95% Wilson interval), how many test tasks the store finds in each policy's training lineage
 (`contaminated`: 0 means the number is held out), the mean gain over seeds and each stage's time. For
 `agentgym/textcraft` without `--env-url`, AgentGym's real TextCraft server (../shared/agentgym) is started on a
-free port of 127.0.0.1 and stopped at the end. The recipe is trajlake.demo.recipe: what `make demo` runs.
+free port of 127.0.0.1 and stopped at the end. The recipe is trajlake.recipes.demo.recipe: what `make demo` runs.
 """
 
 from __future__ import annotations
@@ -30,9 +30,9 @@ from pathlib import Path
 
 import polars as pl
 
-from trajlake.demo import CLI_INTS, DemoConfig, build_model, evaluate_policies, recipe
-from trajlake.display import Format, console, emit
-from trajlake.errors import TrajlakeError
+from trajlake.core.display import Format, console, emit
+from trajlake.core.errors import TrajlakeError
+from trajlake.recipes.demo import CLI_INTS, DemoConfig, build_model, evaluate_policies, recipe
 from trajlake.store import Lake
 
 #: GRPO config fields the bench sets by name besides the demo's own (DemoConfig.train_overrides)

@@ -73,7 +73,7 @@ class StoreBenchConfig:
     order: str = "plain-first"
 
     def __post_init__(self):
-        from trajlake.errors import TrajlakeError
+        from trajlake.core.errors import TrajlakeError
 
         for name in ("turns", "batch", "turns_per_episode"):
             if getattr(self, name) < 1:
@@ -317,7 +317,7 @@ def report(cfg: StoreBenchConfig, sides: dict[str, dict], scans: dict[str, dict]
 
 def run(cfg: StoreBenchConfig) -> dict:
     """Both sides and the scans; returns the ratios (and prints the table)."""
-    from trajlake.errors import TrajlakeError
+    from trajlake.core.errors import TrajlakeError
     from trajlake.store import Lake
 
     root = Path(tempfile.mkdtemp(prefix="trajlake-bench-store-"))
@@ -371,7 +371,7 @@ def run(cfg: StoreBenchConfig) -> dict:
 
 def main(argv=None) -> int:
     args = parse_args(argv)
-    from trajlake.errors import TrajlakeError
+    from trajlake.core.errors import TrajlakeError
 
     try:
         run(StoreBenchConfig(**vars(args)))

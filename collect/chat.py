@@ -29,7 +29,7 @@ import hashlib
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
-from trajlake.errors import TrajlakeError
+from trajlake.core.errors import TrajlakeError
 
 #: End-of-turn markers of common chat templates, tried after the tokenizer's own eos token.
 END_OF_TURN_CANDIDATES = (

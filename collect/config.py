@@ -10,8 +10,8 @@ from dataclasses import asdict, dataclass, field
 from typing import Any, ClassVar
 
 from trajlake.collect.templates import TEMPLATES
-from trajlake.config_types import check_field_types
-from trajlake.errors import TrajlakeError
+from trajlake.core.config_types import check_field_types
+from trajlake.core.errors import TrajlakeError
 
 RUN_KINDS = ("collect", "eval")
 TRUNCATION = ("stop",)

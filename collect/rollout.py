@@ -19,13 +19,13 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
-from trajlake.clock import utc_now
 from trajlake.collect.chat import ChatRenderer
 from trajlake.collect.config import RUN_KINDS, CollectConfig, describe_differences
 from trajlake.collect.envpool import EnvPool, LocalEnvPool, Outcome, RayEnvPool
 from trajlake.collect.policies import Policy, Request, SamplingParams, load_policy, load_replicated
 from trajlake.collect.templates import get_template
-from trajlake.errors import TrajlakeError
+from trajlake.core.clock import utc_now
+from trajlake.core.errors import TrajlakeError
 from trajlake.schemas import Episode, Run, Task, Turn
 from trajlake.schemas import Policy as PolicyRow
 from trajlake.store import Lake

@@ -8,7 +8,7 @@ pair a resume has since played.
 
 from __future__ import annotations
 
-from trajlake.display import emit_vertical
+from trajlake.core.display import emit_vertical
 
 SUMMARY_SQL = """
 WITH e AS (

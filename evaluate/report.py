@@ -24,10 +24,10 @@ from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 from matplotlib.ticker import MaxNLocator
 
-from trajlake.clock import utc_now
-from trajlake.errors import TrajlakeError
+from trajlake.core.clock import utc_now
+from trajlake.core.errors import TrajlakeError
+from trajlake.core.sql_text import sql_list
 from trajlake.evaluate.metrics import held_out_label
-from trajlake.sql_text import sql_list
 from trajlake.store import Lake
 
 # `{runs}` becomes a filter on the run ids given to build_report (nothing when every run is shown).

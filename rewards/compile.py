@@ -8,9 +8,9 @@ in as tables named `py_<component>`.
 
 from __future__ import annotations
 
+from trajlake.core.sql_text import sql_str
 from trajlake.rewards.components import get_kind
 from trajlake.rewards.spec import RewardSpec
-from trajlake.sql_text import sql_str
 
 #: Columns a python component's function receives, besides every episodes column.
 PY_INPUT_SQL = """

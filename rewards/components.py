@@ -16,10 +16,10 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from trajlake.errors import TrajlakeError
-from trajlake.registry import Registry
+from trajlake.core.errors import TrajlakeError
+from trajlake.core.registry import Registry
+from trajlake.core.sql_text import sql_str
 from trajlake.rewards.expr_checks import check_regex, check_sql
-from trajlake.sql_text import sql_str
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -9,7 +9,7 @@ from typing import Any
 
 import duckdb
 
-from trajlake.errors import TrajlakeError
+from trajlake.core.errors import TrajlakeError
 from trajlake.schemas.tables import TABLES
 from trajlake.store.sql_guard import check_filter
 

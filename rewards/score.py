@@ -16,8 +16,8 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from trajlake.clock import utc_now
-from trajlake.errors import TrajlakeError
+from trajlake.core.clock import utc_now
+from trajlake.core.errors import TrajlakeError
 from trajlake.rewards.compile import PY_INPUT_SQL, compile_query, episodes_cte, turn_rewards_query
 from trajlake.rewards.components import get_kind
 from trajlake.rewards.spec import RewardSpec

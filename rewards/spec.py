@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from trajlake.errors import TrajlakeError
+from trajlake.core.errors import TrajlakeError
 
 STRATEGIES = ("last_token", "uniform_positive", "discounted", "per_turn")
 

@@ -1,6 +1,6 @@
 """The store: a versioned trajectory lake on DuckLake."""
 
-from trajlake.errors import (
+from trajlake.core.errors import (
     CatalogError,
     LakeLockedError,
     SchemaError,
@@ -10,7 +10,7 @@ from trajlake.errors import (
 from trajlake.store.lake import CommitResult, Lake
 from trajlake.store.uri import CatalogURI, parse_uri
 
-# The store's errors are re-exported: they are what its API raises (defined in trajlake.errors, shared by all).
+# The store's errors are re-exported: they are what its API raises (defined in trajlake.core.errors, shared by all).
 __all__ = [
     "Lake", "CommitResult", "CatalogURI", "parse_uri",
     "TrajlakeError", "SchemaError", "LakeLockedError", "SnapshotError", "CatalogError",

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import duckdb
 
-from trajlake.errors import CatalogError, LakeLockedError, TrajlakeError
+from trajlake.core.errors import CatalogError, LakeLockedError, TrajlakeError
 from trajlake.store import extensions, objectstore
 from trajlake.store.sql_guard import check_query
 from trajlake.store.uri import CatalogURI

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import duckdb
 
-from trajlake.errors import TrajlakeError
+from trajlake.core.errors import TrajlakeError
 
 #: extension name -> the PyPI package (import name) that ships its binary
 EXTENSION_PACKAGES = {

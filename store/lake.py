@@ -23,7 +23,7 @@ import duckdb
 import polars as pl
 import pyarrow as pa
 
-from trajlake.errors import CatalogError, SnapshotError, TrajlakeError
+from trajlake.core.errors import CatalogError, SnapshotError, TrajlakeError
 from trajlake.schemas.tables import TABLES, duckdb_type, table_def
 from trajlake.schemas.views import VIEWS
 from trajlake.store import extensions, objectstore

@@ -23,8 +23,8 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-from trajlake.clock import utc_now
-from trajlake.errors import TrajlakeError
+from trajlake.core.clock import utc_now
+from trajlake.core.errors import TrajlakeError
 from trajlake.store.attach import ALIAS
 from trajlake.store.lake import WRITE_TOKEN, Lake
 

@@ -10,8 +10,8 @@ from typing import TYPE_CHECKING, Any
 
 import duckdb
 
-from trajlake.clock import utc_now
-from trajlake.errors import TrajlakeError
+from trajlake.core.clock import utc_now
+from trajlake.core.errors import TrajlakeError
 from trajlake.store.attach import ALIAS
 
 if TYPE_CHECKING:

@@ -13,8 +13,8 @@ from collections.abc import Mapping
 
 import duckdb
 
-from trajlake.errors import CatalogError, TrajlakeError
-from trajlake.sql_text import sql_str
+from trajlake.core.errors import CatalogError, TrajlakeError
+from trajlake.core.sql_text import sql_str
 
 #: URL schemes DuckDB's httpfs extension reads and writes (http(s) and hf are read-only there)
 HTTPFS_SCHEMES = ("s3", "s3a", "s3n", "gs", "gcs", "r2", "http", "https", "hf")

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from trajlake.errors import TrajlakeError
+from trajlake.core.errors import TrajlakeError
 from trajlake.store import objectstore
 from trajlake.store.uri import CatalogURI
 

@@ -21,7 +21,7 @@ from functools import lru_cache
 
 import duckdb
 
-from trajlake.errors import TrajlakeError
+from trajlake.core.errors import TrajlakeError
 
 #: DuckLake's functions that only read (its snapshot list, options, files and change feeds). Every other
 #: `ducklake_*` function (maintenance, options, commits, adding files: and any a later DuckLake adds) is refused.

@@ -32,9 +32,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from trajlake.errors import CatalogError
-from trajlake.registry import Registry
-from trajlake.sql_text import sql_str
+from trajlake.core.errors import CatalogError
+from trajlake.core.registry import Registry
+from trajlake.core.sql_text import sql_str
 from trajlake.store import objectstore
 
 DEFAULT_LAKE = "lake"

@@ -17,7 +17,7 @@ import duckdb
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from trajlake.errors import SchemaError
+from trajlake.core.errors import SchemaError
 from trajlake.schemas.records import to_table
 from trajlake.schemas.tables import TableDef, is_json
 

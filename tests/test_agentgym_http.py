@@ -18,7 +18,7 @@ from trajlake.collect.envs.agentgym_presets import PRESETS
 from trajlake.collect.envs.agentgym_protocol import Preset, win_reward_at_least_one
 from trajlake.collect.envs.agentgym_server import serve_env
 from trajlake.collect.envs.maze import MazeEnv
-from trajlake.errors import TrajlakeError
+from trajlake.core.errors import TrajlakeError
 from trajlake.schemas.records import Task
 
 BUILTINS = ["crafting", "doors", "guess", "maze"]

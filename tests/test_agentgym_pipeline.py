@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from trajlake.agentgym_pipeline import DEFAULT_DATA, main
 from trajlake.collect.envs.agentgym_launch import server_missing_reason
+from trajlake.recipes.agentgym_pipeline import DEFAULT_DATA, main
 from trajlake.store import Lake
 
 

@@ -12,7 +12,7 @@ import requests
 from trajlake.collect.envs import make_env
 from trajlake.collect.envs.agentgym_presets import PRESETS
 from trajlake.collect.envs.agentgym_protocol import Preset, bounded_splits, win_reward_at_least_one
-from trajlake.errors import TrajlakeError
+from trajlake.core.errors import TrajlakeError
 from trajlake.schemas.records import Task
 from trajlake.train.rollouts import rotation_offset
 

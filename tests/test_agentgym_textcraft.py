@@ -23,7 +23,7 @@ from trajlake.collect.envs.agentgym_launch import textcraft_server
 from trajlake.collect.policies.scripted import ScriptedPolicy
 from trajlake.collect.rollout import collect
 from trajlake.collect.templates import get_template
-from trajlake.errors import TrajlakeError
+from trajlake.core.errors import TrajlakeError
 from trajlake.lm.load import load_tokenizer
 from trajlake.store import Lake
 

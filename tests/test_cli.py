@@ -74,7 +74,7 @@ def test_errors_are_one_line(args, message, capsys):
 
 
 def test_debug_shows_traceback():
-    from trajlake.errors import TrajlakeError
+    from trajlake.core.errors import TrajlakeError
 
     with pytest.raises(TrajlakeError):
         main(["--debug", "sql", "SELECT * FROM nope"])
@@ -158,7 +158,7 @@ def test_table_cells_show_brackets_as_stored():
     import polars as pl
     from rich.console import Console
 
-    from trajlake.display import render_table
+    from trajlake.core.display import render_table
 
     console = Console(width=200, record=True)
     console.print(render_table(pl.DataFrame({"actions": ["search[KEYWORDS] | click[VALUE]", "[A C]", "[bold]x"]})))

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from trajlake.collect.config import CollectConfig
-from trajlake.errors import TrajlakeError
+from trajlake.core.errors import TrajlakeError
 
 
 @pytest.mark.parametrize("field, value", [
@@ -51,7 +51,7 @@ def test_rollout_settings_are_declared_once():
     import dataclasses
 
     from trajlake.collect.config import ROLLOUT_FIELDS, RolloutConfig
-    from trajlake.config_types import field_docs
+    from trajlake.core.config_types import field_docs
     from trajlake.evaluate.run import EvalConfig
     from trajlake.train.config import TrainConfig
 

@@ -8,8 +8,8 @@ import shutil
 import pytest
 
 from tests.helpers import tiny_model_dir
-from trajlake.demo import DemoConfig, main
-from trajlake.errors import TrajlakeError
+from trajlake.core.errors import TrajlakeError
+from trajlake.recipes.demo import DemoConfig, main
 from trajlake.store import Lake
 
 SMALL = ["--demos", "64", "--sft-steps", "4", "--sft-every", "2", "--iterations", "2", "--tasks", "4", "--samples", "2",

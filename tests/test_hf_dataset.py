@@ -1,4 +1,4 @@
-"""Episodes as a Hugging Face `datasets` dataset (store/hf_dataset.py): export, load with `datasets` both ways,
+"""Episodes as a Hugging Face `datasets` dataset (interop/hf_dataset.py): export, load with `datasets` both ways,
 import into a fresh lake, equal episodes and turns (a Minari-style round trip); the token columns match the
 stored turns and the spec's allocation; bad inputs leave the lakes as they were."""
 
@@ -11,10 +11,10 @@ import pytest
 from tests.helpers import tiny_model_dir
 from trajlake.collect.config import CollectConfig
 from trajlake.collect.rollout import collect
-from trajlake.errors import TrajlakeError
+from trajlake.core.errors import TrajlakeError
+from trajlake.interop.hf_dataset import export_dataset, import_dataset
 from trajlake.rewards import default_spec
 from trajlake.store import Lake
-from trajlake.store.hf_dataset import export_dataset, import_dataset
 
 datasets = pytest.importorskip("datasets")
 pytestmark = pytest.mark.usefixtures("one_torch_thread")

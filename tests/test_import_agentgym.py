@@ -12,9 +12,9 @@ from transformers import AutoTokenizer
 
 from tests.conftest import SHARED
 from trajlake.collect.chat import ChatRenderer, ChatTemplateError, full_sequence
-from trajlake.collect.importers import TrajectoryImportError, import_agentgym, read_records
-from trajlake.collect.importers.agentgym import ROLES, parse_action
-from trajlake.errors import TrajlakeError
+from trajlake.core.errors import TrajlakeError
+from trajlake.interop.importers import TrajectoryImportError, import_agentgym, read_records
+from trajlake.interop.importers.agentgym import ROLES, parse_action
 from trajlake.lm.build import CHAT_TEMPLATE, build_tiny_model
 from trajlake.schemas.records import Turn
 from trajlake.store import Lake

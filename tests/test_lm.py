@@ -8,7 +8,7 @@ import random
 import pytest
 import torch
 
-from trajlake.errors import TrajlakeError
+from trajlake.core.errors import TrajlakeError
 from trajlake.lm import load as L
 from trajlake.lm.load import load_model, load_tokenizer
 from trajlake.lm.prefix import common_prefix

@@ -33,7 +33,7 @@ from trajlake.collect.policies.scripted import ScriptedPolicy
 from trajlake.collect.policies.vllm import vllm_available
 from trajlake.collect.rollout import collect, system_prompt
 from trajlake.collect.templates import TEMPLATES, get_template
-from trajlake.errors import TrajlakeError
+from trajlake.core.errors import TrajlakeError
 from trajlake.schemas import Policy as PolicyRow
 from trajlake.store import Lake
 

@@ -8,7 +8,7 @@ import pytest
 from trajlake.collect.policies import POLICY_SCHEMES, PolicyScheme, check_policy_spec, load_policy
 from trajlake.collect.policies.scripted import ScriptedPolicy
 from trajlake.collect.templates import get_template
-from trajlake.errors import TrajlakeError
+from trajlake.core.errors import TrajlakeError
 
 
 @pytest.fixture

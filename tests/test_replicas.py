@@ -12,7 +12,7 @@ from tests.helpers import tiny_model_dir
 from trajlake.collect.config import CollectConfig
 from trajlake.collect.policies.replicas import ReplicatedPolicy
 from trajlake.collect.rollout import collect
-from trajlake.errors import TrajlakeError
+from trajlake.core.errors import TrajlakeError
 from trajlake.store import Lake
 
 ray = pytest.importorskip("ray")

@@ -8,7 +8,7 @@ import html
 import pytest
 
 from tests.helpers import EXPERT, TRAIN_RUN, demo_lake_uri
-from trajlake.errors import TrajlakeError
+from trajlake.core.errors import TrajlakeError
 from trajlake.evaluate.report import SECTIONS, build_report
 from trajlake.store import Lake
 

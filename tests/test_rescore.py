@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import pytest
 
-from trajlake.errors import TrajlakeError
-from trajlake.rescore import RescoreConfig, main, run
+from trajlake.core.errors import TrajlakeError
+from trajlake.recipes.rescore import RescoreConfig, main, run
 
 
 @pytest.mark.parametrize("kw, message", [

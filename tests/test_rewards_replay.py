@@ -14,7 +14,7 @@ import pyarrow as pa
 import pytest
 
 from trajlake.cli import main
-from trajlake.errors import TrajlakeError
+from trajlake.core.errors import TrajlakeError
 from trajlake.rewards import SPECS_DIR, default_spec, load_spec, parse_spec, reference
 from trajlake.rewards.score import RewardValueError, diff, score
 from trajlake.schemas import Episode, Turn

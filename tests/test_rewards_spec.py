@@ -326,7 +326,7 @@ def test_errors_come_before_any_work(tmp_path):
 def test_component_kinds_are_one_registry():
     """A kind is one registration: a second one under a taken name is refused, an unknown name lists the kinds,
     and compile/score read what a kind does from its hooks, not its name."""
-    from trajlake.registry import UnknownNameError
+    from trajlake.core.registry import UnknownNameError
     from trajlake.rewards.components import KINDS, ComponentKind, get_kind, register
 
     with pytest.raises(ValueError, match="component kind 'goal' is already registered"):

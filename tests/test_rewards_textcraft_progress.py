@@ -14,7 +14,7 @@ import re
 
 import pytest
 
-from trajlake.errors import TrajlakeError
+from trajlake.core.errors import TrajlakeError
 from trajlake.rewards import SPECS_DIR, load_spec, parse_spec
 from trajlake.rewards.score import score
 from trajlake.schemas import Episode, Turn

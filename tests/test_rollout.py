@@ -34,7 +34,7 @@ from trajlake.collect.envs import env_names, make_env
 from trajlake.collect.policies.hf import HFPolicy
 from trajlake.collect.rollout import collect, episode_id
 from trajlake.collect.templates import get_template
-from trajlake.errors import TrajlakeError
+from trajlake.core.errors import TrajlakeError
 from trajlake.lm.load import load_tokenizer
 from trajlake.store import Lake
 

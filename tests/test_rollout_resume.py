@@ -22,7 +22,7 @@ from trajlake.collect.policies.scripted import ScriptedPolicy
 from trajlake.collect.rollout import RunErrors, collect, episode_id, run_errors
 from trajlake.collect.summary import run_summary
 from trajlake.collect.templates import get_template
-from trajlake.errors import TrajlakeError
+from trajlake.core.errors import TrajlakeError
 from trajlake.lm.load import load_tokenizer
 from trajlake.store import Lake
 

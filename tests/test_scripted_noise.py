@@ -22,7 +22,7 @@ from trajlake.collect.envs.thirdparty_base import available
 from trajlake.collect.policies import load_policy
 from trajlake.collect.rollout import collect
 from trajlake.collect.templates import get_template
-from trajlake.errors import TrajlakeError
+from trajlake.core.errors import TrajlakeError
 from trajlake.store import Lake
 
 #: env -> difficulty played: one where every expert turn has somewhere else to go (doors: a sign in each room)

@@ -13,7 +13,7 @@ import sys
 
 import pytest
 
-from trajlake.errors import TrajlakeError
+from trajlake.core.errors import TrajlakeError
 from trajlake.lm import smollm2 as ms
 
 

@@ -146,7 +146,7 @@ OPENER = """
 import json, sys
 from trajlake.schemas import Episode
 from trajlake.store import Lake
-from trajlake.errors import LakeLockedError
+from trajlake.core.errors import LakeLockedError
 
 try:
     lake = Lake.open(sys.argv[1])

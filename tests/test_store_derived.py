@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from trajlake.errors import SchemaError, TrajlakeError
+from trajlake.core.errors import SchemaError, TrajlakeError
 from trajlake.schemas import Episode, Turn
 from trajlake.store import Lake
 

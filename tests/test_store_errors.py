@@ -6,7 +6,7 @@ import polars as pl
 import pyarrow as pa
 import pytest
 
-from trajlake.errors import SchemaError, TrajlakeError
+from trajlake.core.errors import SchemaError, TrajlakeError
 from trajlake.schemas import TABLES, Episode, Task, Turn
 from trajlake.store import Lake
 

@@ -12,7 +12,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from trajlake.errors import SnapshotError, TrajlakeError
+from trajlake.core.errors import SnapshotError, TrajlakeError
 from trajlake.schemas import Episode, Turn
 from trajlake.store import Lake
 

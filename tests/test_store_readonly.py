@@ -10,7 +10,7 @@ import pytest
 
 from tests.conftest import make_uri
 from trajlake.cli import main
-from trajlake.errors import TrajlakeError
+from trajlake.core.errors import TrajlakeError
 from trajlake.schemas import Episode, Turn
 from trajlake.store import Lake
 from trajlake.store.attach import check_read_only

@@ -17,7 +17,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from trajlake.errors import SnapshotError, TrajlakeError
+from trajlake.core.errors import SnapshotError, TrajlakeError
 from trajlake.schemas import (
     RECORD_TYPES,
     TABLES,

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from trajlake.errors import CatalogError, TrajlakeError
+from trajlake.core.errors import CatalogError, TrajlakeError
 from trajlake.schemas import Episode, Turn
 from trajlake.store import Lake, extensions, objectstore, parse_uri
 

@@ -19,7 +19,7 @@ import pytest
 
 from trajlake.collect.envs import SPLITS, registry, thirdparty_base
 from trajlake.collect.envs import thirdparty as tp
-from trajlake.errors import TrajlakeError
+from trajlake.core.errors import TrajlakeError
 from trajlake.schemas.records import Task
 
 REASON = "needs the envs extra: pip install 'trajlake[envs]'"

@@ -12,7 +12,7 @@ from tests.helpers import SYSTEM, tiny_model_dir
 from trajlake.collect.chat import full_sequence
 from trajlake.collect.config import CollectConfig
 from trajlake.collect.rollout import collect
-from trajlake.errors import TrajlakeError
+from trajlake.core.errors import TrajlakeError
 from trajlake.rewards import default_spec
 from trajlake.rewards.score import score
 from trajlake.store import Lake

@@ -107,7 +107,7 @@ def test_toml_roundtrip_and_overrides(tmp_path):
 def test_every_field_is_documented():
     import dataclasses
 
-    from trajlake.config_types import field_docs
+    from trajlake.core.config_types import field_docs
 
     docs = field_docs(TrainConfig)
     assert [f.name for f in dataclasses.fields(TrainConfig) if not docs.get(f.name)] == []
@@ -192,7 +192,7 @@ def test_toml_numbers_are_checked(tmp_path, line, message):
 def test_checkpoint_folders_stay_inside_checkpoint_dir(tmp_path):
     """A run id read back from a lake is data: whatever it holds, its checkpoints land in one folder inside
     checkpoint_dir (`../../outside/escaped` wrote them outside), and a symlinked run folder is refused."""
-    from trajlake.errors import TrajlakeError
+    from trajlake.core.errors import TrajlakeError
     from trajlake.train.checkpoint import checkpoint_path
 
     root = tmp_path / "ckpt"

@@ -10,7 +10,7 @@ import pytest
 
 from tests.helpers import expert_lake, small_cfg, tiny_model_dir
 from trajlake.cli import main
-from trajlake.errors import TrajlakeError
+from trajlake.core.errors import TrajlakeError
 from trajlake.store import Lake
 from trajlake.train.config import RESUMABLE_FIELDS, RUN_FIELDS, ConfigError, TrainConfig
 from trajlake.train.loop import train

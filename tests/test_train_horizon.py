@@ -9,7 +9,7 @@ import json
 import pytest
 
 from tests.helpers import small_cfg, tiny_model_dir, varied_spec
-from trajlake.errors import TrajlakeError
+from trajlake.core.errors import TrajlakeError
 from trajlake.store import Lake
 from trajlake.train.config import ADDED_FIELDS, RUN_FIELDS, ConfigError, TrainConfig, horizon
 from trajlake.train.loop import train

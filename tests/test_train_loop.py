@@ -193,7 +193,7 @@ def test_iterations_rotate_through_the_split_and_run_names_a_checkpoint(model, l
 
 
 def test_an_iteration_whose_rollouts_all_hit_env_errors_fails_and_a_restart_retries_them(model, lake, flaky_env):
-    from trajlake.errors import TrajlakeError
+    from trajlake.core.errors import TrajlakeError
 
     cfg = small_cfg(model, env="test-flaky", run_id="tf", tasks=2, samples=2, iterations=1, minibatch_size=4,
                     micro_batch=4, eval_every=0)

@@ -11,7 +11,7 @@ import pytest
 from tests.helpers import flat_params, small_cfg, tiny_model_dir, varied_spec
 from trajlake.collect.config import CollectConfig
 from trajlake.collect.rollout import collect
-from trajlake.errors import TrajlakeError
+from trajlake.core.errors import TrajlakeError
 from trajlake.rewards import load_spec
 from trajlake.store import Lake
 from trajlake.train.config import ConfigError, TrainConfig

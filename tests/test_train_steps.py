@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from tests.helpers import flat_params, small_cfg, synthetic, tiny_model_dir
-from trajlake.errors import TrajlakeError
+from trajlake.core.errors import TrajlakeError
 from trajlake.train import engine as E
 from trajlake.train import forward as FW
 from trajlake.train.algos import make_kl_controller

@@ -12,7 +12,7 @@ from safetensors.torch import load_file
 from tests.helpers import small_cfg, varied_spec
 from trajlake.collect.config import CollectConfig
 from trajlake.collect.rollout import collect
-from trajlake.errors import TrajlakeError
+from trajlake.core.errors import TrajlakeError
 from trajlake.store import Lake
 from trajlake.train.algos.turns import observation_key
 from trajlake.train.batch import collate, load_episodes

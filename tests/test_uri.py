@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from trajlake.errors import CatalogError
+from trajlake.core.errors import CatalogError
 from trajlake.schemas import Episode
 from trajlake.store import Lake, parse_uri
 from trajlake.store.uri import ENV_VAR
@@ -138,7 +138,7 @@ def test_unreachable_postgres_is_a_catalog_error():
 
 def test_catalog_backends_are_one_registry():
     """A catalog is one registration: its schemes, what DuckLake needs of it; an unknown scheme lists them."""
-    from trajlake.errors import CatalogError
+    from trajlake.core.errors import CatalogError
     from trajlake.store.uri import CATALOGS
 
     assert CATALOGS.names() == ["duckdb", "postgres", "sqlite"]

@@ -10,7 +10,7 @@ import pytest
 
 from tests.helpers import EXPERT, demo_lake_uri
 from tests.viewer_helpers import csp_refusals, open_browser
-from trajlake.errors import TrajlakeError
+from trajlake.core.errors import TrajlakeError
 from trajlake.evaluate.viewer import Viewer, export_site
 from trajlake.store import Lake
 

@@ -34,7 +34,7 @@ from tests.viewer_helpers import (
     open_browser,
     payload,
 )
-from trajlake.errors import TrajlakeError
+from trajlake.core.errors import TrajlakeError
 from trajlake.evaluate.viewer import Viewer, export_site
 from trajlake.evaluate.viewer_html import CSP, CSP_HEADER, SCRIPT, page
 from trajlake.evaluate.viewer_pages import Links

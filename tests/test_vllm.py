@@ -146,7 +146,7 @@ def test_grpo_rollouts_on_vllm_load_each_checkpoint_and_match_the_trainer(tmp_pa
 
 
 def test_sampling_settings_vllm_cannot_match_are_refused(engine):
-    from trajlake.errors import TrajlakeError
+    from trajlake.core.errors import TrajlakeError
 
     prompt = chat_ids(engine.tokenizer, "hi")
     with pytest.raises(TrajlakeError, match="top_p 0.9 < 1: vLLM's log-probs would be taken after the nucleus cut"):

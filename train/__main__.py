@@ -18,7 +18,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--env-url", default=None, help="override the AgentGym server URL of the env")
     p.add_argument("--local_rank", type=int, default=None, help=argparse.SUPPRESS)  # the deepspeed launcher's
     args = p.parse_args(argv)
-    from trajlake.errors import TrajlakeError
+    from trajlake.core.errors import TrajlakeError
     from trajlake.train.config import load_config
     from trajlake.train.loop import run
 

@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from trajlake.errors import SnapshotError, TrajlakeError
+from trajlake.core.errors import SnapshotError, TrajlakeError
 from trajlake.store import Lake
 from trajlake.train.turn_structure import step_keys_from_observations, turn_index_from_lengths
 

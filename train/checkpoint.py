@@ -21,9 +21,9 @@ from typing import Any
 
 import torch
 
-from trajlake.clock import utc_now
-from trajlake.errors import TrajlakeError
-from trajlake.ids import path_component
+from trajlake.core.clock import utc_now
+from trajlake.core.errors import TrajlakeError
+from trajlake.core.ids import path_component
 from trajlake.schemas import Policy as PolicyRow
 from trajlake.schemas import TrainStep
 from trajlake.store import Lake

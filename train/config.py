@@ -19,8 +19,8 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 from trajlake.collect.config import RolloutConfig
-from trajlake.config_types import check_field_types
-from trajlake.errors import TrajlakeError
+from trajlake.core.config_types import check_field_types
+from trajlake.core.errors import TrajlakeError
 from trajlake.train.config_checks import (  # noqa: F401  (the constants are this module's API too)
     ALGOS,
     CRITIC_ADVANTAGES,
@@ -34,6 +34,9 @@ from trajlake.train.config_checks import (  # noqa: F401  (the constants are thi
     check_numbers,
     check_train_config,
 )
+
+#: the train configs the package ships (the recipes' and the README's)
+CONFIGS_DIR = Path(__file__).parent / "configs"
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -63,7 +66,7 @@ class TrainConfig(RolloutConfig):
     filtered store query; `sft_filter`, `sft_steps`)."""
     run_id: str | None = None
     """Run id. A run restarted with the same id resumes from its last checkpoint; None makes a new id. A given
-    one is a safe id (trajlake.ids.check_id: letters, digits, '.', '_', '-'; not empty): it names folders."""
+    one is a safe id (trajlake.core.ids.check_id: letters, digits, '.', '_', '-'; not empty): it names folders."""
     checkpoint_dir: str = "checkpoints"
     """Folder for checkpoints: each is `<checkpoint_dir>/<run_id>/step-<n>` and a row in `policies`."""
     seed: int = 0
@@ -365,5 +368,5 @@ def load_config(path: str | Path, **overrides: Any) -> TrainConfig:
     return config_from_dict(data, str(path))
 
 
-__all__ = ["TrainConfig", "ConfigError", "load_config", "config_from_dict", "ALGOS", "RUN_FIELDS",
+__all__ = ["TrainConfig", "CONFIGS_DIR", "ConfigError", "load_config", "config_from_dict", "ALGOS", "RUN_FIELDS",
            "RESUMABLE_FIELDS", "ADDED_FIELDS", "horizon"]

@@ -12,8 +12,8 @@ from __future__ import annotations
 import math
 from typing import TYPE_CHECKING
 
-from trajlake.errors import TrajlakeError
-from trajlake.ids import InvalidIdError, check_id
+from trajlake.core.errors import TrajlakeError
+from trajlake.core.ids import InvalidIdError, check_id
 from trajlake.train.algos import ADVANTAGES, AGG_MODES, KL_CONTROLLERS, KL_ESTIMATORS, POLICY_LOSSES, VALUE_LOSSES
 from trajlake.train.algos.turns import TURN_BASELINES
 from trajlake.train.trackers import TRACKERS

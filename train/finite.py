@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from trajlake.errors import TrajlakeError
+from trajlake.core.errors import TrajlakeError
 from trajlake.train import distributed as D
 
 if TYPE_CHECKING:

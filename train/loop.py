@@ -21,11 +21,11 @@ from typing import Any
 
 import torch
 
-from trajlake.clock import utc_now
 from trajlake.collect.config import describe_differences
-from trajlake.errors import TrajlakeError
+from trajlake.core.clock import utc_now
+from trajlake.core.errors import TrajlakeError
+from trajlake.core.sql_text import sql_str
 from trajlake.schemas import Run
-from trajlake.sql_text import sql_str
 from trajlake.store import Lake
 from trajlake.store import lease as run_lease
 from trajlake.train import checkpoint as C

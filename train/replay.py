@@ -18,8 +18,8 @@ from __future__ import annotations
 import random
 from dataclasses import dataclass
 
+from trajlake.core.sql_text import sql_list
 from trajlake.rewards.score import score
-from trajlake.sql_text import sql_list
 from trajlake.store import Lake
 from trajlake.train.batch import check_episode_filter
 from trajlake.train.config import ConfigError, TrainConfig

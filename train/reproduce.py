@@ -20,7 +20,7 @@ from typing import Any
 
 import torch
 
-from trajlake.errors import TrajlakeError
+from trajlake.core.errors import TrajlakeError
 from trajlake.store import Lake
 from trajlake.train import checkpoint as C
 from trajlake.train import engine as E

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 import torch
 
-from trajlake.errors import TrajlakeError
+from trajlake.core.errors import TrajlakeError
 from trajlake.train import distributed as D
 from trajlake.train import engine as E
 from trajlake.train import forward as FW

@@ -19,8 +19,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Protocol
 
-from trajlake.errors import TrajlakeError
-from trajlake.registry import Registry
+from trajlake.core.errors import TrajlakeError
+from trajlake.core.registry import Registry
 
 #: trajlake metric -> the peers' name for it
 PEER_NAMES = {

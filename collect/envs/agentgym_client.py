@@ -32,7 +32,7 @@ import requests
 from trajlake.collect.envs.agentgym_presets import PRESETS, expert_for, get_preset
 from trajlake.collect.envs.agentgym_protocol import Preset, StepReply
 from trajlake.collect.envs.registry import register_env
-from trajlake.errors import TrajlakeError
+from trajlake.core.errors import TrajlakeError
 from trajlake.schemas.records import Task
 
 log = logging.getLogger(__name__)

@@ -23,12 +23,13 @@ from pathlib import Path
 
 import requests
 
-from trajlake.errors import TrajlakeError
+from trajlake.core.errors import TrajlakeError
+from trajlake.core.paths import shared_dir
 
 #: Where the TextCraft server's source is looked for when no folder is given: $TRAJLAKE_TEXTCRAFT_SERVER, else
-#: the checkout's sibling ../shared/agentgym/agentenv-textcraft (this project's development layout).
+#: agentgym/agentenv-textcraft in the shared folder (core.paths.shared_dir: $TRAJLAKE_SHARED or ../shared).
 SOURCE_ENV = "TRAJLAKE_TEXTCRAFT_SERVER"
-_SIBLING = Path(__file__).resolve().parents[2].parent / "shared" / "agentgym" / "agentenv-textcraft"
+_SIBLING = shared_dir() / "agentgym" / "agentenv-textcraft"
 _LAUNCH = "from agentenv_textcraft import launch; launch()"
 
 

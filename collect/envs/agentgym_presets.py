@@ -23,7 +23,7 @@ from trajlake.collect.envs.agentgym_protocol import (
     win_positive_score,
     win_reward_at_least_one,
 )
-from trajlake.errors import TrajlakeError
+from trajlake.core.errors import TrajlakeError
 
 
 def _textcraft_expert():

@@ -39,7 +39,7 @@ from urllib.parse import parse_qs, urlsplit
 from trajlake.collect.envs import SPLITS, Env, make_env
 from trajlake.collect.envs.agentgym_presets import get_preset
 from trajlake.collect.envs.agentgym_protocol import Preset
-from trajlake.errors import TrajlakeError
+from trajlake.core.errors import TrajlakeError
 from trajlake.schemas.records import Task
 
 log = logging.getLogger(__name__)

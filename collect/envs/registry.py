@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 from trajlake.collect.envs.base import SPLITS, Env
-from trajlake.registry import Registry
+from trajlake.core.registry import Registry
 
 #: every env class, by its `name`
 ENVS: Registry[type[Env]] = Registry("env")

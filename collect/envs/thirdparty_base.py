@@ -24,7 +24,7 @@ GAME_LOCK = threading.RLock()
 
 def env_error(message: str) -> Exception:
     """A `TrajlakeError` (imported here: trajlake.store pulls in duckdb, ~0.2 s, which env imports avoid)."""
-    from trajlake.errors import TrajlakeError
+    from trajlake.core.errors import TrajlakeError
 
     return TrajlakeError(message)
 

@@ -23,8 +23,8 @@ from typing import Any
 
 from trajlake.collect.policies.base import Generation, Policy, Request, SamplingParams
 from trajlake.collect.templates import ActionTemplate
-from trajlake.errors import TrajlakeError
-from trajlake.registry import Registry
+from trajlake.core.errors import TrajlakeError
+from trajlake.core.registry import Registry
 
 
 @dataclass(frozen=True, kw_only=True)

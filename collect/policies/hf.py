@@ -42,7 +42,7 @@ import torch
 
 from trajlake.collect.policies.base import Generation, Policy, Request, SamplingParams
 from trajlake.collect.policies.kv_slots import KVStore, make_cache_classes
-from trajlake.errors import TrajlakeError
+from trajlake.core.errors import TrajlakeError
 from trajlake.lm.load import load_model, load_tokenizer
 from trajlake.lm.prefix import MIN_SHARED_PREFIX, cache_unsupported, common_prefix
 

@@ -13,7 +13,7 @@ from typing import Any
 import requests as http
 
 from trajlake.collect.policies.base import Generation, Policy, Request, SamplingParams
-from trajlake.errors import TrajlakeError
+from trajlake.core.errors import TrajlakeError
 
 
 class OpenAIPolicy(Policy):

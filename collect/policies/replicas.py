@@ -20,7 +20,7 @@ from typing import Any
 
 from trajlake.collect.policies.base import Generation, Policy, Request, SamplingParams
 from trajlake.collect.ray_init import ensure_ray
-from trajlake.errors import TrajlakeError
+from trajlake.core.errors import TrajlakeError
 
 #: the schemes a replica can load: a local checkpoint, by transformers or vLLM
 REPLICABLE = ("hf", "vllm")

@@ -13,7 +13,7 @@ from trajlake.collect.envs import make_env
 from trajlake.collect.envs.base import Expert
 from trajlake.collect.policies.base import Generation, Policy, Request, SamplingParams
 from trajlake.collect.templates import ActionTemplate
-from trajlake.errors import TrajlakeError
+from trajlake.core.errors import TrajlakeError
 
 #: `scripted:ENV?OPTION=P&...`: each a probability, per turn
 EXPERT_OPTIONS = {

@@ -23,7 +23,7 @@ import os
 from pathlib import Path
 
 from trajlake.collect.policies.base import Generation, Policy, Request, SamplingParams
-from trajlake.errors import TrajlakeError
+from trajlake.core.errors import TrajlakeError
 
 
 def vllm_available() -> str | None:

@@ -12,7 +12,7 @@ The package: :mod:`.core` (the registries, their entry types, masked helpers, ag
 :mod:`.losses` (policy and value losses) and :mod:`.kl` (KL estimators, penalty, controllers). Everything
 public is re-exported here: ``import trajlake.train.algos as A``.
 
-Registries (:class:`trajlake.registry.Registry`), keyed by name (``REGISTRY[name]`` with an unknown name raises
+Registries (:class:`trajlake.core.registry.Registry`), keyed by name (``REGISTRY[name]`` with an unknown name raises
 :class:`UnknownNameError`, a ``KeyError`` and ``ValueError`` whose message lists the valid names):
 
 - :data:`ADVANTAGES`: ``gae``, ``grpo``, ``dr_grpo``, ``rloo``, ``reinforce_plus_plus`` (alias
@@ -50,7 +50,7 @@ written afresh; multi-turn masking is done by skipping rather than by resetting.
 
 from __future__ import annotations
 
-from trajlake.registry import UnknownNameError
+from trajlake.core.registry import UnknownNameError
 from trajlake.train.algos import turns
 from trajlake.train.algos.advantages import (
     compute_advantages,

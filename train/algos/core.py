@@ -8,7 +8,7 @@ from typing import Any, Protocol
 
 import torch
 
-from trajlake.registry import Registry
+from trajlake.core.registry import Registry
 
 #: Log-ratios are clamped to this before exp(), as verl does, so a wild token cannot overflow the ratio.
 LOG_RATIO_CLAMP = 20.0

@@ -14,7 +14,7 @@ from typing import Any
 import typer
 
 from trajlake.collect.config import ROLLOUT_FIELDS
-from trajlake.config_types import field_docs
+from trajlake.core.config_types import field_docs
 
 
 def rollout_options(config_cls: type, *, required: tuple[str, ...] = ()) -> Callable[[Callable], Callable]:

@@ -25,18 +25,18 @@ import time
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from trajlake.display import Format, console, emit
-from trajlake.errors import TrajlakeError
+from trajlake.core.display import Format, console, emit
+from trajlake.core.errors import TrajlakeError
+from trajlake.core.paths import shared_dir
 from trajlake.store import Lake
 
-ROOT = Path(__file__).resolve().parent
-DEFAULT_DATA = ROOT.parent / "shared" / "data" / "agentgym" / "textcraft" / "train.parquet"
+DEFAULT_DATA = shared_dir() / "data" / "agentgym" / "textcraft" / "train.parquet"
 ENV = "agentgym/textcraft"
 
 
 @dataclass(frozen=True)
 class PipelineConfig:
-    """What `python -m trajlake.agentgym_pipeline` runs; the defaults are `make agentgym-pipeline`'s."""
+    """What `python -m trajlake.recipes.agentgym_pipeline` runs; the defaults are `make agentgym-pipeline`'s."""
 
     lake: str = "lake"
     """Lake URI."""
@@ -110,7 +110,7 @@ PRESETS = {
 
 def import_expert_data(lake: Lake, data: Path, model: Path) -> str:
     """Import AgentGym's expert trajectories (idempotent); the import run's id."""
-    from trajlake.collect.importers.agentgym import import_agentgym
+    from trajlake.interop.importers.agentgym import import_agentgym
 
     result = import_agentgym(lake, [data], model, env=ENV)
     console.print(str(result))
@@ -151,7 +151,7 @@ FROM train_steps WHERE run_id = ? AND step > 0 ORDER BY step
 def run(cfg: PipelineConfig) -> None:
     # the demo's stages take any config with `rollout`, `eval_tasks`, `micro_batch`, `checkpoints`, `seed` and
     # `progress`: the same code runs both
-    from trajlake.demo import build_model, evaluate_policies, results_table, train_stage
+    from trajlake.recipes.demo import build_model, evaluate_policies, results_table, train_stage
 
     t0 = time.perf_counter()
     console.rule("1. the model")
@@ -188,7 +188,7 @@ def run(cfg: PipelineConfig) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m trajlake.agentgym_pipeline", description=__doc__,
+    parser = argparse.ArgumentParser(prog="python -m trajlake.recipes.agentgym_pipeline", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--lake", default="lake", help="lake URI (default ./lake)")
     parser.add_argument("--models", type=Path, default=Path("models"), help="where models are built")

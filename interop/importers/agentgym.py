@@ -39,9 +39,11 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
-from trajlake.clock import utc_now
 from trajlake.collect.chat import ChatRenderer, tokenizer_fingerprint
-from trajlake.collect.importers import (
+from trajlake.core.clock import utc_now
+from trajlake.core.errors import TrajlakeError
+from trajlake.core.ids import InvalidIdError, check_id
+from trajlake.interop.importers import (
     ImportResult,
     TrajectoryImportError,
     check_depth,
@@ -52,8 +54,6 @@ from trajlake.collect.importers import (
     resolve_files,
     stored_episode_ids,
 )
-from trajlake.errors import TrajlakeError
-from trajlake.ids import InvalidIdError, check_id
 from trajlake.lm.load import load_tokenizer
 from trajlake.schemas.records import Episode, Policy, Run, Task
 

@@ -15,7 +15,7 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from trajlake.errors import TrajlakeError
+from trajlake.core.errors import TrajlakeError
 
 console = Console()
 MAX_ROWS = 50

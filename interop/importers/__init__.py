@@ -18,7 +18,7 @@ from os import PathLike
 from pathlib import Path
 from typing import Any
 
-from trajlake.errors import TrajlakeError
+from trajlake.core.errors import TrajlakeError
 
 #: File kinds an importer reads, by extension.
 SUFFIXES = {".parquet": "parquet", ".json": "json", ".jsonl": "jsonl", ".ndjson": "jsonl"}
@@ -238,7 +238,7 @@ def _line(e: BaseException) -> str:
     return s.splitlines()[0] if s else type(e).__name__
 
 
-from trajlake.collect.importers.agentgym import import_agentgym  # noqa: E402  (needs the names above)
+from trajlake.interop.importers.agentgym import import_agentgym  # noqa: E402  (needs the names above)
 
 __all__ = [
     "MAX_DEPTH", "ImportResult", "TrajectoryImportError", "check_depth", "import_agentgym", "progress_bar",

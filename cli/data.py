@@ -10,8 +10,8 @@ from typing import Optional
 
 import typer
 
-from trajlake import display
-from trajlake.cli_common import PATH, check_count, check_port, open_lake, path_arg
+from trajlake.cli.common import PATH, check_count, check_port, open_lake, path_arg
+from trajlake.core import display
 from trajlake.store.outputs import check_output_path
 
 import_app = typer.Typer(help="Import trajectories from other tools' files.", no_args_is_help=True)
@@ -43,8 +43,8 @@ def export(
             check_output_path(lake.catalog, path, "export")
             display.emit(lake.query(query, snapshot=snapshot), display.Format.parquet, path)
         return
+    from trajlake.interop.hf_dataset import export_dataset
     from trajlake.rewards import load_spec
-    from trajlake.store.hf_dataset import export_dataset
 
     loaded = load_spec(spec) if spec else None
     with open_lake(read_only=spec is None) as lake:  # scoring with a spec writes its rewards first
@@ -65,8 +65,8 @@ def import_agentgym(
     split: Optional[str] = typer.Option(None, "--split", help="Split when the files do not say."),
 ) -> None:
     """Import OpenManus-RL / AgentGym trajectories as episodes and turns with exact token ids."""
-    from trajlake.collect.importers.agentgym import check_labels
-    from trajlake.collect.importers.agentgym import import_agentgym as run_import
+    from trajlake.interop.importers.agentgym import check_labels
+    from trajlake.interop.importers.agentgym import import_agentgym as run_import
 
     # checked before the lake opens: an empty --run-id was replaced by a generated one, an empty --env or
     # --split by the file's own (the user's word must be used as given, or refused)
@@ -112,7 +112,7 @@ def import_dataset(
 ) -> None:
     """Store the episodes of an exported datasets dataset (with their turns, runs and tasks); those already
     stored are skipped."""
-    from trajlake.store.hf_dataset import import_dataset as run_import
+    from trajlake.interop.hf_dataset import import_dataset as run_import
 
     with open_lake() as lake:
         got = run_import(lake, path)

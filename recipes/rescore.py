@@ -28,19 +28,17 @@ from pathlib import Path
 
 import polars as pl
 
-from trajlake.display import Format, console, emit, emit_vertical
-from trajlake.errors import TrajlakeError
+from trajlake.core.display import Format, console, emit, emit_vertical
+from trajlake.core.errors import TrajlakeError
+from trajlake.rewards import SPECS_DIR
 from trajlake.store import Lake
 
-ROOT = Path(__file__).resolve().parent
-CONFIGS = ROOT / "train" / "configs"
-SPECS = ROOT / "rewards" / "specs"
 ROLLOUT = dict(env="doors", difficulty=1, max_turns=1, template="think_action", max_new_tokens=96)
 
 
 @dataclass(frozen=True)
 class RescoreConfig:
-    """What `python -m trajlake.rescore` runs; the defaults are `make rescore`'s."""
+    """What `python -m trajlake.recipes.rescore` runs; the defaults are `make rescore`'s."""
 
     lake: str = "lake"
     """Lake URI."""
@@ -96,10 +94,11 @@ RETRAINS = {
 
 
 def _train(cfg: RescoreConfig, lake: Lake, config: str, seed: int, **overrides):
-    from trajlake.train.config import load_config
+    from trajlake.train.config import CONFIGS_DIR, load_config
     from trajlake.train.loop import train
 
-    tc = load_config(CONFIGS / config, seed=seed, progress=cfg.progress, checkpoint_dir=str(cfg.checkpoints.absolute()))
+    tc = load_config(CONFIGS_DIR / config, seed=seed, progress=cfg.progress,
+                     checkpoint_dir=str(cfg.checkpoints.absolute()))
     return train(tc.replace(**overrides), lake)
 
 
@@ -124,7 +123,7 @@ def workflow(cfg: RescoreConfig, lake: Lake, model: Path, seed: int) -> dict[str
                                      progress=cfg.progress, concurrency=64, **ROLLOUT), lake)
     where = f"run_id = '{rollouts}'"
     log(f"seed {seed} - 3. rewards diff default concise on them")
-    old, new = load_spec(SPECS / "default.toml"), load_spec(SPECS / "concise.toml")
+    old, new = load_spec(SPECS_DIR / "default.toml"), load_spec(SPECS_DIR / "concise.toml")
     summary, changes = diff(lake, old, new, where=where, top=3)
     if cfg.progress:
         emit_vertical(summary)
@@ -133,7 +132,7 @@ def workflow(cfg: RescoreConfig, lake: Lake, model: Path, seed: int) -> dict[str
     stages = {"SFT (played the rollouts)": f"policy:{sft.policy_id}"}
     for i, (name, (spec, overrides)) in enumerate(RETRAINS.items()):
         res = _train(cfg, lake, "grpo-doors-concise.toml", seed, run_id=f"{p}-retrain-{i}",
-                     model=f"policy:{sft.policy_id}", train_filter=where, reward_spec=str(SPECS / spec),
+                     model=f"policy:{sft.policy_id}", train_filter=where, reward_spec=str(SPECS_DIR / spec),
                      iterations=cfg.iterations, **overrides)
         stages[name] = f"policy:{res.policy_id}"
     return stages
@@ -144,7 +143,7 @@ def evaluate_stages(cfg: RescoreConfig, lake: Lake, model: Path, stages: dict[st
     from trajlake.evaluate.run import EvalConfig, evaluate
 
     ec = EvalConfig(policies=tuple(stages.values()), split="test", tasks=cfg.eval_tasks, temperature=1.0,
-                    tokenizer=str(model), seed=seed, progress=cfg.progress, spec=str(SPECS / "concise.toml"),
+                    tokenizer=str(model), seed=seed, progress=cfg.progress, spec=str(SPECS_DIR / "concise.toml"),
                     **ROLLOUT)
     result = evaluate(ec, lake)
     summary = result.summary.filter(pl.col("difficulty") == "all")
@@ -178,7 +177,7 @@ def show(results: pl.DataFrame) -> None:
 
 
 def run(cfg: RescoreConfig) -> pl.DataFrame:
-    from trajlake.demo import build_model
+    from trajlake.recipes.demo import build_model
 
     t0 = time.perf_counter()
     model = build_model(cfg.models, "tiny")
@@ -198,7 +197,7 @@ def run(cfg: RescoreConfig) -> pl.DataFrame:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m trajlake.rescore", description=__doc__,
+    parser = argparse.ArgumentParser(prog="python -m trajlake.recipes.rescore", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--lake", default="lake", help="lake URI (default ./lake)")
     parser.add_argument("--models", type=Path, default=Path("models"), help="where the tiny model is built")

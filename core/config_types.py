@@ -13,7 +13,7 @@ import types
 import typing
 from typing import Any
 
-from trajlake.errors import TrajlakeError
+from trajlake.core.errors import TrajlakeError
 
 _NAMES = {bool: "true or false", int: "an integer", float: "a number", str: "a string"}
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator
 from typing import Generic, TypeVar
 
-from trajlake.errors import TrajlakeError
+from trajlake.core.errors import TrajlakeError
 
 T = TypeVar("T")
 

@@ -13,8 +13,7 @@ from typing import Optional
 
 import typer
 
-from trajlake import display
-from trajlake.cli_common import (
+from trajlake.cli.common import (
     PATH,
     State,
     check_count,
@@ -24,12 +23,13 @@ from trajlake.cli_common import (
     open_lake,
     path_arg,
 )
-from trajlake.cli_data import export, import_app, lease_app, model_app, view
-from trajlake.cli_options import rollout_options
+from trajlake.cli.data import export, import_app, lease_app, model_app, view
+from trajlake.cli.options import rollout_options
 from trajlake.collect.config import CollectConfig, check_url
-from trajlake.errors import TrajlakeError
+from trajlake.core import display
+from trajlake.core.errors import TrajlakeError
+from trajlake.core.ids import check_id
 from trajlake.evaluate.run import EvalConfig
-from trajlake.ids import check_id
 from trajlake.store.outputs import check_output_path
 
 #: the most episodes `rewards diff --top` lists (its LIMIT; DuckDB refused a negative or a non-BIGINT one only

@@ -12,7 +12,7 @@ import hashlib
 import re
 from urllib.parse import quote
 
-from trajlake.errors import TrajlakeError
+from trajlake.core.errors import TrajlakeError
 
 #: the longest id a user may name (the store keeps longer ids from imports; they are encoded for paths)
 MAX_ID_LENGTH = 128

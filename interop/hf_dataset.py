@@ -27,7 +27,7 @@ from typing import Any
 
 import pyarrow as pa
 
-from trajlake.errors import TrajlakeError
+from trajlake.core.errors import TrajlakeError
 
 PARQUET = "episodes.parquet"
 TURN_FIELDS = ("turn", "observation", "action_text", "action", "format_ok", "step_reward", "done", "info",

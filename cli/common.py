@@ -10,7 +10,7 @@ from typing import Optional
 
 import typer
 
-from trajlake.errors import TrajlakeError
+from trajlake.core.errors import TrajlakeError
 from trajlake.store import Lake
 
 

@@ -29,18 +29,17 @@ from pathlib import Path
 
 import polars as pl
 
-from trajlake.display import Format, console, emit
-from trajlake.errors import TrajlakeError
+from trajlake.core.display import Format, console, emit
+from trajlake.core.errors import TrajlakeError
+from trajlake.core.paths import shared_dir
 from trajlake.store import Lake
 
-ROOT = Path(__file__).resolve().parent
-DEFAULT_DATA = ROOT.parent / "shared" / "data" / "agentgym"
-CONFIGS = ROOT / "train" / "configs"
+DEFAULT_DATA = shared_dir() / "data" / "agentgym"
 
 
 @dataclass(frozen=True)
 class DemoConfig:
-    """What `python -m trajlake.demo` runs; the defaults are `make demo`'s (bench/learning.py shares them)."""
+    """What `python -m trajlake.recipes.demo` runs; the defaults are `make demo`'s (bench/learning.py shares them)."""
 
     lake: str = "lake"
     """Lake URI."""
@@ -190,7 +189,7 @@ def build_model(models: Path, model: str) -> Path:
 
 
 def import_seed_data(lake: Lake, data: Path | None, model: Path) -> None:
-    from trajlake.collect.importers.agentgym import import_agentgym
+    from trajlake.interop.importers.agentgym import import_agentgym
 
     files = sorted(data.glob("*/*.parquet")) if data and data.is_dir() else []
     if not files:
@@ -205,8 +204,8 @@ def import_seed_data(lake: Lake, data: Path | None, model: Path) -> None:
 def collect_demonstrations(cfg: DemoConfig, lake: Lake, model: Path) -> tuple[str, float]:
     """The noisy demonstrator's episodes (or `demos_from`'s) into the store; their run id and success rate."""
     from trajlake.collect.config import CollectConfig
-    from trajlake.collect.importers.agentgym import import_agentgym
     from trajlake.collect.rollout import collect
+    from trajlake.interop.importers.agentgym import import_agentgym
 
     if cfg.demos_from:
         rid = import_agentgym(lake, [cfg.demos_from], model, env=cfg.env, progress=cfg.progress).run_id
@@ -241,10 +240,10 @@ def evaluate_policies(cfg: DemoConfig, lake: Lake, policies: list[str], model: P
 
 
 def train_stage(cfg: DemoConfig, lake: Lake, config_name: str, **overrides):
-    from trajlake.train.config import load_config
+    from trajlake.train.config import CONFIGS_DIR, load_config
     from trajlake.train.loop import train
 
-    tc = load_config(CONFIGS / config_name, **cfg.rollout, seed=cfg.seed, progress=cfg.progress,
+    tc = load_config(CONFIGS_DIR / config_name, **cfg.rollout, seed=cfg.seed, progress=cfg.progress,
                      checkpoint_dir=str(cfg.checkpoints.absolute()), **overrides)
     # the rollout settings whole, None included (load_config keeps the file's value for a None: doors' level)
     return train(replace(tc, **cfg.rollout), lake)
@@ -356,7 +355,7 @@ CLI_INTS = ("difficulty", "max_turns", "demos", "sft_steps", "sft_every", "itera
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m trajlake.demo", description=__doc__,
+    parser = argparse.ArgumentParser(prog="python -m trajlake.recipes.demo", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--lake", default="lake", help="lake URI (default ./lake)")
     parser.add_argument("--models", type=Path, default=Path("models"), help="where models are built")
