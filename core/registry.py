@@ -1,9 +1,10 @@
-"""The one registry style: named entries, filled by a decorator or `add`, duplicates refused, and an unknown
-name answered with the valid ones.
+"""The one registry style: named entries, filled by a decorator or `add` (and emptied by `unregister`),
+duplicates refused, and an unknown name answered with the valid ones.
 
-Every extension point of trajlake is a `Registry`: advantage estimators, policy and value losses, KL
-penalties, aggregation modes (train.algos), envs (collect.envs), policy schemes (collect.policies), reward
-component kinds (rewards.components) and catalog backends (store.uri). Adding one is one registration.
+Every extension point of trajlake is a `Registry`: training algorithms, advantage estimators, policy and
+value losses, KL penalties, aggregation modes (train.algos), envs (collect.envs), policy schemes
+(collect.policies), reward component kinds (rewards.components) and catalog backends (store.uri). Adding one
+is one registration.
 """
 
 from __future__ import annotations
@@ -49,6 +50,15 @@ class Registry(Generic[T]):
                 raise ValueError(f"{self.kind} {n!r} is already registered")
         for n in (name, *aliases):
             self._entries[n] = entry
+        return entry
+
+    def unregister(self, name: str) -> T:
+        """Remove the entry registered under ``name`` with every alias of it, and return it (a test or a
+        notebook that registered one for a while takes it out again); an unknown name raises
+        :class:`UnknownNameError`."""
+        entry = self[name]
+        for n in [n for n, e in self._entries.items() if e is entry]:
+            del self._entries[n]
         return entry
 
     def __getitem__(self, name: str) -> T:

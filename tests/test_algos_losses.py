@@ -320,9 +320,9 @@ def test_registry_contents_and_uniform_signatures():
     _, r, v, m = random_batch(0, 4, 5)
     kw = dict(token_level_rewards=r, values=v, mask=m, group_ids=[0, 0, 1, 1], gamma=0.9, lam=0.95, eps=1e-6)
     turn_inputs = dict(turn_index=A.turns.turn_index_from_mask(m), step_keys=torch.zeros(4, 5, dtype=torch.long))
-    assert {"gigpo", "turn_reinforce", "turn_gae"} <= set(A.turns.TURN_INPUTS)
+    assert {"gigpo", "turn_reinforce", "turn_gae"} == {n for n, e in A.ADVANTAGES.items() if e.turn_level}
     for name in A.ADVANTAGES.names():
-        extra = {k: turn_inputs[k] for k in A.turns.TURN_INPUTS.get(name, ())}
+        extra = {k: turn_inputs[k] for k in A.ADVANTAGES[name].turn_inputs}
         adv, ret = A.compute_advantages(name, **kw, **extra)
         assert adv.shape == ret.shape == (4, 5) and torch.all(adv[m == 0] == 0)
     with pytest.raises(TypeError):

@@ -23,7 +23,6 @@ from trajlake.core.config_types import check_field_types
 from trajlake.core.errors import TrajlakeError
 from trajlake.train.config_checks import (  # noqa: F401  (the constants are this module's API too)
     ALGOS,
-    CRITIC_ADVANTAGES,
     DEFAULT_ADVANTAGE,
     DTYPES,
     KL_MODES,
@@ -242,8 +241,8 @@ class TrainConfig(RolloutConfig):
     # ---- derived ------------------------------------------------------------------------------------
     @property
     def advantage_name(self) -> str:
-        """The advantage estimator used (the default for the algo when `advantage` is None)."""
-        return self.advantage or DEFAULT_ADVANTAGE[self.algo]
+        """The advantage estimator used (the algo's registered default when `advantage` is None)."""
+        return self.advantage or ALGOS[self.algo].default_advantage
 
     def turns_at(self, iteration: int) -> int:
         """The turn cap of iteration `iteration`'s (from 0) rollouts under the horizon curriculum."""

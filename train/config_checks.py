@@ -15,22 +15,18 @@ from typing import TYPE_CHECKING
 from trajlake.core.errors import TrajlakeError
 from trajlake.core.ids import InvalidIdError, check_id
 from trajlake.train.algos import ADVANTAGES, AGG_MODES, KL_CONTROLLERS, KL_ESTIMATORS, POLICY_LOSSES, VALUE_LOSSES
+from trajlake.train.algos.algorithms import ALGOS, DEFAULT_ADVANTAGE, RL_LOOP, SFT_LOOP, algos_accepting
 from trajlake.train.algos.turns import TURN_BASELINES
 from trajlake.train.trackers import TRACKERS
 
 if TYPE_CHECKING:
     from trajlake.train.config import TrainConfig
 
-ALGOS = ("grpo", "ppo", "sft")
 DTYPES = ("fp32", "bf16")
 #: rollout_engine -> the policy scheme its replicas load
 ROLLOUT_ENGINES = {"transformers": "hf", "vllm": "vllm"}
 OLD_LOGPROBS = ("recompute", "behaviour")
 KL_MODES = ("loss", "reward")
-#: advantage estimator used when `advantage` is not given
-DEFAULT_ADVANTAGE = {"grpo": "grpo", "ppo": "gae", "sft": "grpo"}
-#: the estimators that read a critic's values (algo ppo); every other one is critic-free (algo grpo)
-CRITIC_ADVANTAGES = ("gae", "turn_gae")
 
 #: The largest count (steps, iterations, tasks, batch sizes, token budgets) a config may ask for. Far beyond any
 #: run this trainer makes (10M optimizer steps of the tiny model take weeks), yet it turns a typo such as
@@ -85,9 +81,11 @@ def check_train_config(c: TrainConfig) -> None:
     """Every rule of a TrainConfig (its field types and RolloutConfig's rules were checked before)."""
     from trajlake.collect.envs.base import SPLITS
 
-    adv = c.advantage or DEFAULT_ADVANTAGE.get(c.algo, "grpo")
+    algo = ALGOS.get(c.algo)
+    adv = c.advantage or DEFAULT_ADVANTAGE.get(c.algo)
+    supervised = algo is not None and algo.loop == SFT_LOOP
     checks = [
-        (c.algo in ALGOS, f"algo must be one of {', '.join(ALGOS)}, got {c.algo!r}"),
+        (algo is not None, f"algo must be one of {', '.join(ALGOS.names())}, got {c.algo!r}"),
         (bool(c.model), "model is required: a model folder or policy:ID"),
         (c.dtype in DTYPES, f"dtype must be one of {', '.join(DTYPES)}, got {c.dtype!r}"),
         (c.zero_stage in (0, 1, 2, 3), f"zero_stage must be 0, 1, 2 or 3, got {c.zero_stage}"),
@@ -128,8 +126,8 @@ def check_train_config(c: TrainConfig) -> None:
         (c.is_cap is None or c.is_cap > 0, f"is_cap must be > 0, got {c.is_cap}"),
         (c.is_cap is None or c.old_logprobs == "recompute",
          "is_cap applies with old_logprobs = recompute (with behaviour the ratio is the importance weight)"),
-        (c.algo != "sft" or bool(c.sft_filter.strip()),
-         "algo sft needs sft_filter (SQL over episodes, e.g. \"success AND policy_id LIKE 'scripted:%'\")"),
+        (not supervised or bool(c.sft_filter.strip()),
+         f"algo {c.algo} needs sft_filter (SQL over episodes, e.g. \"success AND policy_id LIKE 'scripted:%'\")"),
         (0 <= c.gamma <= 1 and 0 <= c.lam <= 1, "gamma and lam must be in [0, 1]"),
         (c.rollout_engine in ROLLOUT_ENGINES,
          f"unknown rollout_engine {c.rollout_engine!r}; valid: {', '.join(ROLLOUT_ENGINES)}"),
@@ -140,20 +138,32 @@ def check_train_config(c: TrainConfig) -> None:
     for ok, message in checks:
         if not ok:
             raise ConfigError(f"train config: {message}")
-    if c.algo == "ppo" and adv not in CRITIC_ADVANTAGES:
-        raise ConfigError(f"train config: algo ppo trains a critic for advantage {' or '.join(CRITIC_ADVANTAGES)}"
-                          f", got advantage {adv!r}; use algo grpo for critic-free estimators")
-    if c.algo == "grpo" and adv in CRITIC_ADVANTAGES:
-        raise ConfigError(f"train config: advantage {adv} needs a critic: use algo ppo")
+    _check_advantage(c, adv)
     _check_stored_data(c)
     _check_horizon(c)
     _check_env(c)
     if c.turn_baseline not in TURN_BASELINES:
         raise ConfigError(f"train config: unknown turn_baseline {c.turn_baseline!r}; valid: "
                           f"{', '.join(TURN_BASELINES)}")
-    if c.algo == "grpo" and adv in ("grpo", "dr_grpo", "rloo", "gigpo") and c.samples < 2:
-        raise ConfigError(f"train config: {adv} compares the samples of a task: samples must be >= 2, "
+    group = ADVANTAGES[adv].min_group_size  # an estimator comparing a task's samples needs two of them
+    if ALGOS[c.algo].uses_advantages and c.samples < group:
+        raise ConfigError(f"train config: {adv} compares the samples of a task: samples must be >= {group}, "
                           f"got {c.samples}")
+
+
+def _check_advantage(c: TrainConfig, adv: str) -> None:
+    """The estimator fits the algo, as their registry entries say: a critic for exactly the estimators that
+    read one."""
+    algo, estimator = ALGOS[c.algo], ADVANTAGES[adv]
+    if algo.accepts(estimator):
+        return
+    if algo.needs_critic:
+        critic_ones = [n for n in ADVANTAGES.names() if ADVANTAGES[n].needs_critic]
+        others = " or ".join(algos_accepting(estimator)) or "another algo"
+        raise ConfigError(f"train config: algo {c.algo} trains a critic for advantage {' or '.join(critic_ones)}, "
+                          f"got advantage {adv!r}; use algo {others} for critic-free estimators")
+    raise ConfigError(f"train config: advantage {adv} needs a critic: use algo "
+                      f"{' or '.join(algos_accepting(estimator)) or 'one with needs_critic'}")
 
 
 def _check_stored_data(c: TrainConfig) -> None:
@@ -164,9 +174,9 @@ def _check_stored_data(c: TrainConfig) -> None:
     if c.replay_filter is not None and c.replay_ratio == 0:
         raise ConfigError("train config: replay_filter narrows what is replayed: set replay_ratio > 0 too")
     if c.replay_ratio > 0:
-        if c.train_filter is not None or c.algo == "sft":
+        if c.train_filter is not None or _supervised(c):
             raise ConfigError("train config: replay_ratio mixes replayed rollouts into fresh ones: not with "
-                              "train_filter (every episode is stored already) or algo sft")
+                              f"train_filter (every episode is stored already) or algo {_algos_of(SFT_LOOP, 'or')}")
         if c.old_logprobs == "recompute" and c.is_cap is None:
             raise ConfigError("train config: replay_ratio trains on earlier policies' rollouts: take the ratio "
                               "against their behaviour log-probs with old_logprobs = \"behaviour\", or truncated "
@@ -178,8 +188,9 @@ def _check_stored_data(c: TrainConfig) -> None:
     if not c.train_filter.strip():
         raise ConfigError("train config: train_filter is empty: give a SQL filter over episodes columns, or "
                           "leave it out to collect fresh rollouts")
-    if c.algo == "sft":
-        raise ConfigError("train config: algo sft trains on sft_filter; train_filter is for grpo and ppo")
+    if _supervised(c):
+        raise ConfigError(f"train config: algo {c.algo} trains on sft_filter; train_filter is for "
+                          f"{_algos_of(RL_LOOP, 'and')}")
     if c.old_logprobs == "recompute" and c.is_cap is None:
         raise ConfigError("train config: train_filter trains on rollouts other policies played: take the ratio "
                           "against their behaviour log-probs with old_logprobs = \"behaviour\", or truncated "
@@ -196,14 +207,26 @@ def _check_horizon(c: TrainConfig) -> None:
     if c.horizon_start > c.max_turns:
         raise ConfigError(f"train config: horizon_start ({c.horizon_start}) must be at most max_turns "
                           f"({c.max_turns}), the cap it grows to; lower horizon_start or raise max_turns")
-    if c.algo == "sft" or c.train_filter is not None:
-        raise ConfigError("train config: horizon_start caps the turns of the rollouts grpo and ppo collect: not "
-                          "with algo sft or train_filter (no rollouts are played); leave it at 0")
+    if _supervised(c) or c.train_filter is not None:
+        raise ConfigError(f"train config: horizon_start caps the turns of the rollouts {_algos_of(RL_LOOP, 'and')} "
+                          f"collect: not with algo {_algos_of(SFT_LOOP, 'or')} or train_filter (no rollouts are "
+                          "played); leave it at 0")
 
 
 def _check_env(c: TrainConfig) -> None:
     """An env that plays an AgentGym server has its URL wherever episodes are played (SFT without evals
     plays none)."""
-    if c.algo != "sft" or c.eval_every > 0:
+    if not _supervised(c) or c.eval_every > 0:
         c.check_env_url()
+
+
+def _supervised(c: TrainConfig) -> bool:
+    """Whether the config's algo runs in the SFT loop (trains on stored episodes' tokens, plays no rollouts)."""
+    return ALGOS[c.algo].loop == SFT_LOOP
+
+
+def _algos_of(loop: str, conjunction: str) -> str:
+    """The names of the algos `loop` runs, for a message: "grpo and ppo", "a, b or c"."""
+    names = [n for n in ALGOS.names() if ALGOS[n].loop == loop]
+    return f"{', '.join(names[:-1])} {conjunction} {names[-1]}" if len(names) > 1 else "".join(names)
 

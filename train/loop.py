@@ -31,8 +31,7 @@ from trajlake.store import lease as run_lease
 from trajlake.train import checkpoint as C
 from trajlake.train import distributed as D
 from trajlake.train import engine as E
-from trajlake.train.algos import make_kl_controller
-from trajlake.train.algos.turns import TURN_INPUTS
+from trajlake.train.algos import ADVANTAGES, ALGOS, SFT_LOOP, make_kl_controller
 from trajlake.train.batch import check_episode_filter, collate, load_episodes
 from trajlake.train.config import ConfigError, TrainConfig
 from trajlake.train.finite import NonFiniteError
@@ -220,7 +219,7 @@ def stored_train_run(lake: Lake, config: TrainConfig, run_id: str, start_policy:
     if diffs:
         raise ConfigError(describe_differences(run_id, diffs))
     done = resume.step if resume else 0
-    field = "sft_steps" if config.algo == "sft" else "iterations"
+    field = ALGOS[config.algo].counter  # iterations or sft_steps, as the algo's loop counts
     if getattr(config, field) < done:
         raise ConfigError(f"train config: {field} {getattr(config, field)} is fewer than the {done} run {run_id} "
                           f"has done already: give {field} >= {done} to resume it (or use a new --run-id)")
@@ -229,7 +228,7 @@ def stored_train_run(lake: Lake, config: TrainConfig, run_id: str, start_policy:
 
 def train(config: TrainConfig, lake: Lake | None) -> RunResult:
     """GRPO/PPO iterations (or, for algo sft, `sft`). Every rank calls it; only rank 0 needs `lake`."""
-    if config.algo == "sft":
+    if ALGOS[config.algo].loop == SFT_LOOP:
         return sft(config, lake)
     from trajlake.rewards import default_spec, load_spec
     from trajlake.rewards.score import score
@@ -249,11 +248,12 @@ def train(config: TrainConfig, lake: Lake | None) -> RunResult:
         on_main(r.main, lambda: check_train_filter(r.lake, c))  # reads only, before any write
     if c.replay_filter:
         on_main(r.main, lambda: check_episode_filter(r.lake, c.replay_filter, field="replay_filter"))
-    if c.advantage_name in TURN_INPUTS and spec.allocation.strategy == "discounted":
+    if ADVANTAGES[c.advantage_name].turn_level and spec.allocation.strategy == "discounted":
         raise ConfigError(f"train config: advantage {c.advantage_name} discounts across turns itself (gamma); the "
                           f"reward_spec {spec.name} discounts them in its allocation too: use allocation last_token "
                           "or per_turn")
-    engines = r.build(critic=c.algo == "ppo", ref=c.kl_coef > 0)
+    algo = ALGOS[c.algo]
+    engines = r.build(critic=algo.needs_critic, ref=algo.needs_reference(c))
     kl_ctl = make_kl_controller(c.kl_controller, c.kl_coef, c.kl_target, c.kl_horizon)
     if "kl_controller" in r.state:
         kl_ctl.load_state_dict(r.state["kl_controller"])

@@ -21,11 +21,9 @@ from dataclasses import dataclass
 from trajlake.core.sql_text import sql_list
 from trajlake.rewards.score import score
 from trajlake.store import Lake
+from trajlake.train.algos import ADVANTAGES
 from trajlake.train.batch import check_episode_filter
 from trajlake.train.config import ConfigError, TrainConfig
-
-#: the advantage estimators that compare the samples of a group (a group of one has no baseline)
-GROUP_ADVANTAGES = ("grpo", "dr_grpo", "rloo", "gigpo")
 
 GROUPS_SQL = """
 SELECT coalesce(group_id, episode_id) AS g, count(*) AS n FROM episodes
@@ -81,7 +79,7 @@ def _groups(lake: Lake, config: TrainConfig, snapshot: int | None) -> tuple[tupl
     """The groups of the filter's episodes usable by the advantage estimator, and how many were too small."""
     where = config.train_filter
     rows = lake.query(GROUPS_SQL.format(where=where), snapshot=snapshot)
-    need = 2 if config.advantage_name in GROUP_ADVANTAGES else 1
+    need = ADVANTAGES[config.advantage_name].min_group_size  # 2 for an estimator comparing a group's samples
     groups = tuple(g for g, n in rows.iter_rows() if n >= need)
     if not groups:
         raise ConfigError(f"train config: train_filter {where!r} has no group of {need} or more episodes for "
@@ -110,7 +108,7 @@ def replay_filter(config: TrainConfig, run_id: str, it: int, lake: Lake, snapsho
         return None
     runs = [f"{run_id}/it-{j}" for j in range(max(1, it + 1 - config.replay_staleness), it + 1)]
     pool = f"run_id IN ({sql_list(runs)})" + (f" AND ({config.replay_filter})" if config.replay_filter else "")
-    need = 2 if config.advantage_name in GROUP_ADVANTAGES else 1
+    need = ADVANTAGES[config.advantage_name].min_group_size
     groups = [g for g, n in lake.query(GROUPS_SQL.format(where=pool), snapshot=snapshot).iter_rows() if n >= need]
     want = round(config.tasks * config.replay_ratio / (1 - config.replay_ratio))
     if not groups or want == 0:
@@ -119,4 +117,4 @@ def replay_filter(config: TrainConfig, run_id: str, it: int, lake: Lake, snapsho
     return f"({pool}) AND coalesce(group_id, episode_id) IN ({sql_list(sorted(chosen))})"
 
 
-__all__ = ["StoredData", "check_train_filter", "stored_data", "replay_filter", "GROUP_ADVANTAGES"]
+__all__ = ["StoredData", "check_train_filter", "stored_data", "replay_filter"]

@@ -24,7 +24,7 @@ from trajlake.core.errors import TrajlakeError
 from trajlake.store import Lake
 from trajlake.train import checkpoint as C
 from trajlake.train import engine as E
-from trajlake.train.algos import make_kl_controller
+from trajlake.train.algos import ALGOS, SFT_LOOP, make_kl_controller
 from trajlake.train.batch import load_episodes
 from trajlake.train.config import FIELDS, config_from_dict
 from trajlake.train.steps import iteration_update
@@ -91,8 +91,8 @@ def _stored_config(lake: Lake, run_id: str):
     # still replays
     cfg = config_from_dict({**{k: v for k, v in stored.items() if k in FIELDS}, "run_id": None, "progress": False},
                            f"run {run_id}'s stored config")
-    if cfg.algo == "sft":
-        raise ReplayError(f"run {run_id} is an sft run: --replay recomputes GRPO/PPO iterations (an SFT step "
+    if ALGOS[cfg.algo].loop == SFT_LOOP:
+        raise ReplayError(f"run {run_id} is an {cfg.algo} run: --replay recomputes RL iterations (an SFT step "
                           "is a mini-batch of its sft_filter; its checkpoints are every checkpoint_every steps)")
     return cfg, stored
 
@@ -183,7 +183,8 @@ def replay_step(lake: Lake, run_id: str, step: int) -> StepReplay:
     if [s.episode_id for s in seqs] != list(this["episode_ids"]):
         raise ReplayError(f"step {step} of run {run_id} trained on {len(this['episode_ids'])} episodes; its "
                           f"episodes_where reads {len(seqs)} others or in another order at snapshot {snap} now")
-    engines = E.build_engines(cfg, str(prev_path or start), critic=cfg.algo == "ppo", ref=cfg.kl_coef > 0,
+    algo = ALGOS[cfg.algo]
+    engines = E.build_engines(cfg, str(prev_path or start), critic=algo.needs_critic, ref=algo.needs_reference(cfg),
                               ref_path=start, critic_path=start)
     state = C.load_state(engines, prev_path) if prev_path is not None else {}
     kl_ctl = make_kl_controller(cfg.kl_controller, cfg.kl_coef, cfg.kl_target, cfg.kl_horizon)

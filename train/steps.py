@@ -8,7 +8,6 @@ of a mini-batch is the same whatever the number of processes and micro-batches.
 
 from __future__ import annotations
 
-import inspect
 import math
 import time
 from collections.abc import Callable
@@ -30,7 +29,6 @@ from trajlake.train.algos import (
     kl_penalty,
     masked_mean,
 )
-from trajlake.train.algos.turns import TURN_INPUTS
 from trajlake.train.batch import Batch, collate, micro_batches, shard
 from trajlake.train.config import TrainConfig
 from trajlake.train.finite import check_update
@@ -169,17 +167,13 @@ def _old_logprobs(engines: E.Engines, batch: Batch, cfg: TrainConfig) -> torch.T
 
 
 def turn_inputs(name: str, batch: Batch, cfg: TrainConfig) -> dict:
-    """The turn structure (and settings) a turn-level estimator reads; nothing for a token-level one."""
-    needs = TURN_INPUTS.get(name, ())
-    if not needs:
-        return {}
-    if batch.turn_index is None:
+    """What estimator `name` reads beyond the keywords every estimator gets, as its registry entry declares:
+    the turn structure of the batch (its ``turn_inputs``) and its own settings from `cfg` (its ``params``);
+    nothing for a token-level estimator without settings."""
+    estimator = ADVANTAGES[name]
+    if estimator.turn_inputs and batch.turn_index is None:
         raise TrajlakeError(f"advantage {name} needs the turn structure of stored episodes; this batch has none")
-    kw = {k: v for k, v in {"turn_index": batch.turn_index, "step_keys": batch.step_keys}.items() if k in needs}
-    # each estimator's own settings, given to the one whose signature names them
-    settings = {"step_advantage_weight": cfg.step_advantage_weight, "baseline": cfg.turn_baseline}
-    accepted = inspect.signature(ADVANTAGES[name]).parameters
-    return {**kw, **{k: v for k, v in settings.items() if k in accepted}}
+    return {**{k: getattr(batch, k) for k in estimator.turn_inputs}, **estimator.settings(cfg)}
 
 
 def prepare(engines: E.Engines, batch: Batch, cfg: TrainConfig, kl_ctl) -> tuple[Prepared, dict[str, float]]:

@@ -9,17 +9,24 @@ garbage, never changes a result and never gets a gradient). Masks are binary: an
 
 The package: :mod:`.core` (the registries, their entry types, masked helpers, aggregation, logits helpers),
 :mod:`.advantages` (token-level estimators), :mod:`.turns` (turn-level estimators, with :mod:`.turn_math`),
-:mod:`.losses` (policy and value losses) and :mod:`.kl` (KL estimators, penalty, controllers). Everything
+:mod:`.losses` (policy and value losses), :mod:`.kl` (KL estimators, penalty, controllers) and
+:mod:`.algorithms` (the algos, which tie a loop to the estimators it accepts). Everything
 public is re-exported here: ``import trajlake.train.algos as A``.
 
 Registries (:class:`trajlake.core.registry.Registry`), keyed by name (``REGISTRY[name]`` with an unknown name raises
 :class:`UnknownNameError`, a ``KeyError`` and ``ValueError`` whose message lists the valid names):
 
+- :data:`ALGOS`: ``grpo``, ``ppo``, ``sft`` (:mod:`.algorithms`): :class:`Algo` entries saying which loop
+  runs each (RL iterations or SFT steps), whether it trains a critic, its default advantage estimator and
+  which estimators it accepts.
 - :data:`ADVANTAGES`: ``gae``, ``grpo``, ``dr_grpo``, ``rloo``, ``reinforce_plus_plus`` (alias
   ``reinforce++``), and the turn-level ``gigpo``, ``turn_reinforce``, ``turn_gae`` of
-  :mod:`~trajlake.train.algos.turns` (which also read the turn structure: ``turn_index`` and more, see
-  its ``TURN_INPUTS``). All take the same keyword-only signature (see :func:`compute_gae`) and return
-  ``(advantages, returns)``, both (B, T), zero outside the mask.
+  :mod:`~trajlake.train.algos.turns`. Each is an :class:`Advantage` entry: the function, whether it reads a
+  critic's values (``needs_critic``: gae, turn_gae), whether it compares a group's samples
+  (``group_relative``: grpo, dr_grpo, rloo, gigpo), the turn structure it reads (``turn_inputs``) and its
+  TrainConfig settings (``params``, passed by ``settings(config)``). All are called with the same
+  keyword-only signature (see :func:`compute_gae`) and return ``(advantages, returns)``, both (B, T), zero
+  outside the mask.
 - :data:`POLICY_LOSSES`: ``ppo_clip`` (alias ``vanilla``), ``dual_clip``, ``gspo``. All take the same
   keyword-only signature and return ``(loss, metrics)``: ``loss`` a scalar already aggregated over the
   mask with ``agg_mode`` (see :func:`aggregate`), ``metrics`` a dict of detached 0-dim tensors.
@@ -61,6 +68,7 @@ from trajlake.train.algos.advantages import (
     compute_rloo,
     group_index,
 )
+from trajlake.train.algos.algorithms import ALGOS, RL_LOOP, SFT_LOOP, Algo, register_algo
 from trajlake.train.algos.core import (
     ADVANTAGES,
     AGG_MODES,
@@ -69,6 +77,7 @@ from trajlake.train.algos.core import (
     LOG_RATIO_CLAMP,
     POLICY_LOSSES,
     VALUE_LOSSES,
+    Advantage,
     Registry,
     aggregate,
     entropy_from_logits,
@@ -77,6 +86,7 @@ from trajlake.train.algos.core import (
     masked_sum,
     masked_var,
     masked_whiten,
+    register_advantage,
 )
 from trajlake.train.algos.kl import (
     AdaptiveKLController,
@@ -97,14 +107,15 @@ from trajlake.train.algos.losses import (
     ppo_clip_loss,
     value_loss,
 )
-from trajlake.train.algos.turns import TURN_INPUTS, compute_gigpo, compute_turn_gae, compute_turn_reinforce
+from trajlake.train.algos.turns import compute_gigpo, compute_turn_gae, compute_turn_reinforce
 
 __all__ = [
     "Registry", "UnknownNameError", "LOG_RATIO_CLAMP",
+    "ALGOS", "Algo", "register_algo", "RL_LOOP", "SFT_LOOP", "Advantage", "register_advantage",
     "ADVANTAGES", "POLICY_LOSSES", "VALUE_LOSSES", "KL_ESTIMATORS", "AGG_MODES", "KL_CONTROLLERS",
     "masked_sum", "masked_mean", "masked_var", "masked_whiten", "aggregate",
     "compute_gae", "compute_grpo", "compute_dr_grpo", "compute_rloo", "compute_reinforce_plus_plus",
-    "compute_advantages", "group_index", "compute_gigpo", "compute_turn_reinforce", "compute_turn_gae", "TURN_INPUTS",
+    "compute_advantages", "group_index", "compute_gigpo", "compute_turn_reinforce", "compute_turn_gae",
     "ppo_clip_loss", "dual_clip_loss", "gspo_loss", "compute_policy_loss",
     "value_loss", "mse_value_loss",
     "kl_k1", "kl_k2", "kl_k3", "kl_abs", "kl_penalty", "apply_kl_penalty",

@@ -7,12 +7,22 @@ from collections.abc import Hashable, Iterable, Sequence
 
 import torch
 
-from trajlake.train.algos.core import ADVANTAGES, _bool, _float_dtype, _zero_outside, masked_sum, masked_whiten
+from trajlake.train.algos.core import (
+    ADVANTAGES,
+    _bool,
+    _float_dtype,
+    _zero_outside,
+    masked_sum,
+    masked_whiten,
+    register_advantage,
+)
 
 # --------------------------------------------------------------------------------------------- advantages
 #
 # Every estimator has the same keyword-only signature, so the trainer calls
 # ADVANTAGES[name](**kwargs) with one dict; each documents which arguments it reads. Unused ones are ignored.
+# Its registration says what the trainer must provide: a critic (needs_critic), groups of two or more samples
+# (group_relative).
 
 
 
@@ -44,7 +54,7 @@ def _masked_discounted_scan(rewards: torch.Tensor, values: torch.Tensor | None, 
     return _zero_outside(out, m)
 
 
-@ADVANTAGES.register("gae")
+@register_advantage("gae", needs_critic=True)
 def compute_gae(*, token_level_rewards: torch.Tensor, mask: torch.Tensor, values: torch.Tensor | None = None,
                 group_ids: Sequence[Hashable] | torch.Tensor | None = None, scores: torch.Tensor | None = None,
                 gamma: float = 1.0, lam: float = 1.0, eps: float = 1e-6, whiten: bool = False,
@@ -74,7 +84,7 @@ def compute_gae(*, token_level_rewards: torch.Tensor, mask: torch.Tensor, values
     return adv, returns
 
 
-@ADVANTAGES.register("reinforce_plus_plus", "reinforce++")
+@register_advantage("reinforce_plus_plus", "reinforce++")
 def compute_reinforce_plus_plus(*, token_level_rewards: torch.Tensor, mask: torch.Tensor,
                                 values: torch.Tensor | None = None,
                                 group_ids: Sequence[Hashable] | torch.Tensor | None = None,
@@ -147,7 +157,7 @@ def _broadcast(seq_adv: torch.Tensor, token_level_rewards: torch.Tensor, mask: t
     return adv, adv.clone()
 
 
-@ADVANTAGES.register("grpo")
+@register_advantage("grpo", group_relative=True)
 def compute_grpo(*, token_level_rewards: torch.Tensor, mask: torch.Tensor, values: torch.Tensor | None = None,
                  group_ids: Sequence[Hashable] | torch.Tensor | None = None, scores: torch.Tensor | None = None,
                  gamma: float = 1.0, lam: float = 1.0, eps: float = 1e-6, whiten: bool = False,
@@ -172,7 +182,7 @@ def compute_grpo(*, token_level_rewards: torch.Tensor, mask: torch.Tensor, value
     return _broadcast(a, token_level_rewards, mask)
 
 
-@ADVANTAGES.register("dr_grpo")
+@register_advantage("dr_grpo", group_relative=True)
 def compute_dr_grpo(*, token_level_rewards: torch.Tensor, mask: torch.Tensor, values: torch.Tensor | None = None,
                     group_ids: Sequence[Hashable] | torch.Tensor | None = None, scores: torch.Tensor | None = None,
                     gamma: float = 1.0, lam: float = 1.0, eps: float = 1e-6, whiten: bool = False,
@@ -191,7 +201,7 @@ def compute_dr_grpo(*, token_level_rewards: torch.Tensor, mask: torch.Tensor, va
                         eps=eps, norm_by_std=False)
 
 
-@ADVANTAGES.register("rloo")
+@register_advantage("rloo", group_relative=True)
 def compute_rloo(*, token_level_rewards: torch.Tensor, mask: torch.Tensor, values: torch.Tensor | None = None,
                  group_ids: Sequence[Hashable] | torch.Tensor | None = None, scores: torch.Tensor | None = None,
                  gamma: float = 1.0, lam: float = 1.0, eps: float = 1e-6, whiten: bool = False,

@@ -64,6 +64,70 @@ def register_loss(registry: Registry[Loss], name: str, *aliases: str, params: Ma
     return deco
 
 
+#: The turn structure an estimator may read beyond the token-level keywords, as the batch holds it: ``turn_index``
+#: (B, T), each agent token's turn; ``step_keys`` (B, K), an id of the observation each turn answered.
+TURN_INPUT_NAMES = ("turn_index", "step_keys")
+
+
+@dataclass(frozen=True)
+class Advantage:
+    """A registered advantage estimator: ``fn(**kwargs) -> (advantages, returns)``, both (B, T) and zero
+    outside the mask, called like ``fn`` (every estimator takes one keyword-only signature, see
+    :class:`AdvantageFn`), with what the trainer must know to run it:
+
+    - ``needs_critic``: it reads ``values`` (B, T), a critic's per-token estimates, so only an algo that
+      trains a critic (``needs_critic``, e.g. ppo) runs it, and every algo without one refuses it.
+    - ``group_relative``: it compares the samples of a group (a task's), so a group of one has no baseline:
+      a config with ``samples < 2`` is refused, and stored groups of one are left out.
+    - ``turn_inputs``: the turn structure it reads (names of :data:`TURN_INPUT_NAMES`); the trainer reads
+      the turns of the stored episodes into the batch and passes these. An estimator with any is turn-level:
+      it discounts across turns itself, so a reward spec that discounts them too is refused.
+    - ``params``: its own keyword settings mapped to the TrainConfig fields that hold them
+      (``{"baseline": "turn_baseline"}``), passed by :meth:`settings` as :class:`Loss` does."""
+
+    fn: AdvantageFn
+    needs_critic: bool = False
+    group_relative: bool = False
+    turn_inputs: tuple[str, ...] = ()
+    params: Mapping[str, str] = field(default_factory=dict)
+
+    def __post_init__(self):
+        unknown = [n for n in self.turn_inputs if n not in TURN_INPUT_NAMES]
+        if unknown:
+            raise ValueError(f"an advantage estimator reads turn inputs of {', '.join(TURN_INPUT_NAMES)}, got "
+                             f"{', '.join(map(repr, unknown))}")
+
+    def __call__(self, **kwargs: Any) -> tuple[torch.Tensor, torch.Tensor]:
+        return self.fn(**kwargs)
+
+    @property
+    def turn_level(self) -> bool:
+        """Whether it works on turns (reads the turn structure) rather than on tokens alone."""
+        return bool(self.turn_inputs)
+
+    @property
+    def min_group_size(self) -> int:
+        """The fewest samples a group needs to give this estimator a learning signal: 2 when it compares them."""
+        return 2 if self.group_relative else 1
+
+    def settings(self, config: Any) -> dict[str, Any]:
+        """The estimator's own settings, from `config` (a TrainConfig)."""
+        return {kw: getattr(config, name) for kw, name in self.params.items()}
+
+
+def register_advantage(name: str, *aliases: str, needs_critic: bool = False, group_relative: bool = False,
+                       turn_inputs: tuple[str, ...] = (), params: Mapping[str, str] | None = None) -> Callable:
+    """Decorator: register the estimator function under ``name`` (and ``aliases``) in :data:`ADVANTAGES` as an
+    :class:`Advantage` with these properties; the function itself is returned unchanged."""
+
+    def deco(fn: Callable) -> Callable:
+        ADVANTAGES.add(name, Advantage(fn, needs_critic, group_relative, tuple(turn_inputs), dict(params or {})),
+                       *aliases)
+        return fn
+
+    return deco
+
+
 @dataclass(frozen=True)
 class AggMode:
     """A loss aggregation mode: ``reduce(loss_mat, mask, denominator=None, norm_constant=None) -> 0-dim``, and
@@ -99,7 +163,7 @@ def register_agg_mode(name: str, *, per: str) -> Callable:
 # ----------------------------------------------------------------------------------------------- registries
 
 
-ADVANTAGES: Registry[AdvantageFn] = Registry("advantage estimator")
+ADVANTAGES: Registry[Advantage] = Registry("advantage estimator")
 POLICY_LOSSES: Registry[Loss] = Registry("policy loss")
 VALUE_LOSSES: Registry[Loss] = Registry("value loss")
 KL_ESTIMATORS: Registry[KLEstimatorFn] = Registry("KL estimator")

@@ -50,15 +50,17 @@ Building them from the store (train/batch.py lays a row out as, for each turn in
 - ``values`` (B, T): the critic's per-token values as for ``gae`` (trajlake's ValueModel aligns them so
   the value at a turn's first agent token is that of the state after its whole prompt).
 
-:data:`TURN_INPUTS` names, for each estimator here, the turn-structure inputs it requires beyond the
-token-level ones, so a trainer builds them only when the configured estimator needs them::
+Each estimator's registry entry (:class:`~trajlake.train.algos.core.Advantage`) names, in ``turn_inputs``, the
+turn-structure inputs it requires beyond the token-level ones, so a trainer builds them only when the
+configured estimator needs them, and in ``params`` its own settings' TrainConfig fields::
 
+    estimator = ADVANTAGES[name]
     kw = dict(token_level_rewards=..., mask=..., values=..., group_ids=..., gamma=..., lam=..., ...)
-    if "turn_index" in TURN_INPUTS.get(name, ()):
+    if "turn_index" in estimator.turn_inputs:
         kw["turn_index"] = turn_index_from_lengths(prompt_lengths, response_lengths, width=T)
-    if "step_keys" in TURN_INPUTS.get(name, ()):
+    if "step_keys" in estimator.turn_inputs:
         kw["step_keys"] = step_keys_from_observations(observations)
-    adv, ret = ADVANTAGES[name](**kw)
+    adv, ret = estimator(**kw, **estimator.settings(config))
 
 An estimator called without an input it needs raises ``ValueError`` naming each missing one.
 
@@ -93,12 +95,12 @@ False here, for both levels; torch.std's unbiased std; eps 1e-6. Different:
 
 from __future__ import annotations
 
-from collections.abc import Callable, Hashable, Sequence
+from collections.abc import Hashable, Sequence
 from typing import Any
 
 import torch
 
-from trajlake.train.algos.core import ADVANTAGES, masked_whiten
+from trajlake.train.algos.core import masked_whiten, register_advantage
 from trajlake.train.algos.turn_math import (
     TURN_INDEX_WHAT,
     _center,
@@ -118,28 +120,16 @@ from trajlake.train.turn_structure import (  # the inputs' builders, re-exported
 )
 
 __all__ = [
-    "TURN_INPUTS", "compute_gigpo", "compute_turn_reinforce", "compute_turn_gae",
+    "compute_gigpo", "compute_turn_reinforce", "compute_turn_gae",
     "turn_index_from_mask", "turn_index_from_lengths", "turn_first_positions", "observation_key",
     "step_keys_from_observations", "TURN_BASELINES", "EPISODE_STATS",
 ]
-
-#: For each turn-level estimator: the turn-structure inputs it requires beyond the token-level kwargs.
-TURN_INPUTS: dict[str, tuple[str, ...]] = {}
 
 #: ``turn_reinforce``'s baselines: none, the group's mean return at the same turn, the group's mean episode return.
 TURN_BASELINES = ("none", "turn", "episode")
 
 #: ``gigpo``'s episode-level statistics: over the group's episodes (the paper), or over its turns (verl-agent).
 EPISODE_STATS = ("episodes", "turns")
-
-
-def _register(name: str, *needs: str) -> Callable[[Any], Any]:
-    def deco(fn):
-        ADVANTAGES.register(name)(fn)
-        TURN_INPUTS[name] = needs
-        return fn
-
-    return deco
 
 
 
@@ -188,7 +178,8 @@ def _step_group_ids(step_keys, valid: torch.Tensor, groups: torch.Tensor, name: 
     return torch.tensor(out, dtype=torch.long, device=valid.device)
 
 
-@_register("gigpo", "turn_index", "step_keys")
+@register_advantage("gigpo", group_relative=True, turn_inputs=("turn_index", "step_keys"),
+                    params={"step_advantage_weight": "step_advantage_weight"})
 @torch.no_grad()
 def compute_gigpo(*, token_level_rewards: torch.Tensor, mask: torch.Tensor, values: torch.Tensor | None = None,
                   group_ids: Sequence[Hashable] | torch.Tensor | None = None, scores: torch.Tensor | None = None,
@@ -251,7 +242,7 @@ def compute_gigpo(*, token_level_rewards: torch.Tensor, mask: torch.Tensor, valu
 # ------------------------------------------------------------------------------- per-turn discounted returns
 
 
-@_register("turn_reinforce", "turn_index")
+@register_advantage("turn_reinforce", turn_inputs=("turn_index",), params={"baseline": "turn_baseline"})
 @torch.no_grad()
 def compute_turn_reinforce(*, token_level_rewards: torch.Tensor, mask: torch.Tensor,
                            values: torch.Tensor | None = None,
@@ -308,7 +299,7 @@ def compute_turn_reinforce(*, token_level_rewards: torch.Tensor, mask: torch.Ten
 # ------------------------------------------------------------------------------------------ turn-level GAE
 
 
-@_register("turn_gae", "turn_index")
+@register_advantage("turn_gae", needs_critic=True, turn_inputs=("turn_index",))
 @torch.no_grad()
 def compute_turn_gae(*, token_level_rewards: torch.Tensor, mask: torch.Tensor, values: torch.Tensor | None = None,
                      group_ids: Sequence[Hashable] | torch.Tensor | None = None, scores: torch.Tensor | None = None,
