@@ -15,7 +15,7 @@ with a score) in a temp dir, appended in a few big Arrow batches, then computes 
   lake, computing, writing the results. Reported apart, not in the ratio: the same reduction through the
   per-token view (checked equal), fetching every span into Arrow, and writing every token reward to parquet.
 * python: OpenManus-RL's way (RewardComposer.compute_total_reward, then the allocation loop over agent
-  segments), i.e. `rewards.reference.episode_reward` and `rewards.reference.allocate` (a dict entry per
+  segments), i.e. `episode_reward` and `allocate` of tests/reward_reference.py (a dict entry per
   token) called once per trajectory; and the same loop with the seed's own allocation code (a zero tensor
   per trajectory, one slice assignment per segment). Its input rows are first read from the same lake
   snapshot into Python (Arrow -> dicts and lists, grouped by episode): that load is timed separately and
@@ -30,6 +30,7 @@ episode the allocation's sum and number of rewarded tokens.
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import math
 import os
 import shutil
@@ -76,6 +77,16 @@ kind = "sql"
 weight = 0.5
 expr = "num_turns * 0.1"
 """
+
+
+def reward_reference():
+    """tests/reward_reference.py, the plain-Python oracle the tests hold the compiled queries to (the benchmark is a
+    script beside the tests, not a package, so the file is loaded by its path)."""
+    path = Path(__file__).resolve().parents[1] / "tests" / "reward_reference.py"
+    spec = importlib.util.spec_from_file_location("reward_reference", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
 def sql_component(ep: dict, turns: list[dict]) -> float:
@@ -244,7 +255,7 @@ def python_side(spec, data: list[tuple[dict, list[dict]]]) -> tuple[float, float
 
     Returns (loop time, of which summarising each allocation for the check, the loop's CPU time without
     that summary (pro rata), per-episode results)."""
-    from trajlake.rewards import reference
+    reference = reward_reference()
 
     custom = {"sql": sql_component}
     strategy, gamma = spec.allocation.strategy, spec.allocation.gamma
@@ -300,7 +311,7 @@ def python_side_seed(spec, data: list[tuple[dict, list[dict]]]) -> tuple[float, 
     """The same loop with the seed's tensor allocation in place of reference.allocate's dict per token."""
     import torch
 
-    from trajlake.rewards import reference
+    reference = reward_reference()
 
     torch.set_num_threads(1)
     custom = {"sql": sql_component}

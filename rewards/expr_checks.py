@@ -5,6 +5,7 @@ refused with DuckDB's explanation before any episode is scored."""
 from __future__ import annotations
 
 import re
+import threading
 from typing import Any
 
 import duckdb
@@ -13,16 +14,28 @@ from trajlake.core.errors import TrajlakeError
 from trajlake.schemas.tables import TABLES
 from trajlake.store.sql_guard import check_filter
 
-_schema_con: duckdb.DuckDBPyConnection | None = None
+
+class ScratchSchemaDB:
+    """The one scratch DuckDB the checks bind against: in memory, holding empty `episodes` and `turns` tables with
+    the store's schemas. Created on first use (loading a spec without SQL in it opens none), and used by one
+    check at a time: a DuckDB connection is not safe to share between threads, and specs load on any thread."""
+
+    def __init__(self) -> None:
+        self._connection: duckdb.DuckDBPyConnection | None = None
+        self._lock = threading.Lock()
+
+    def execute(self, sql: str, params: list[Any] | None = None) -> None:
+        """Run `sql` for its errors only (its result is dropped); a DuckDB error propagates."""
+        with self._lock:
+            if self._connection is None:
+                connection = duckdb.connect()
+                for name in ("episodes", "turns"):
+                    connection.execute(TABLES[name].ddl("memory"))
+                self._connection = connection
+            self._connection.execute(sql, params)
 
 
-def _schema_db() -> duckdb.DuckDBPyConnection:
-    global _schema_con
-    if _schema_con is None:
-        _schema_con = duckdb.connect()
-        for name in ("episodes", "turns"):
-            _schema_con.execute(TABLES[name].ddl("memory"))
-    return _schema_con
+SCRATCH_DB = ScratchSchemaDB()
 
 
 def check_sql(expr: str, table: str, what: str) -> None:
@@ -36,7 +49,7 @@ def check_sql(expr: str, table: str, what: str) -> None:
         raise TrajlakeError(f"{what} {expr!r} is not valid over {table} columns: {_first_line(e)}") from None
     check_filter(expr, what)  # reading no table or catalog function: it runs on the connection that writes
     try:
-        _schema_db().execute(f"SELECT CAST(({expr}\n) AS DOUBLE) FROM (SELECT *{extra} FROM {table}) LIMIT 0")
+        SCRATCH_DB.execute(f"SELECT CAST(({expr}\n) AS DOUBLE) FROM (SELECT *{extra} FROM {table}) LIMIT 0")
     except duckdb.Error as e:
         raise TrajlakeError(f"{what} {expr!r} is not valid over {table} columns: {_first_line(e)}") from None
 
@@ -46,10 +59,11 @@ def _first_line(error: Exception) -> str:
 
 
 def check_regex(pattern: Any) -> None:
+    """Fail unless `pattern` is a regex both Python (the reference, user code) and DuckDB (RE2, the query) read."""
     if not isinstance(pattern, str) or not pattern:
         raise TrajlakeError("pattern must be a non-empty regular expression")
     try:
         re.compile(pattern)
-        _schema_db().execute("SELECT regexp_matches('', ?)", [pattern])
+        SCRATCH_DB.execute("SELECT regexp_matches('', ?)", [pattern])
     except (re.error, duckdb.Error) as e:
         raise TrajlakeError(f"bad regex {pattern!r}: {str(e).strip().splitlines()[0]}") from None

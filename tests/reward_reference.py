@@ -4,6 +4,9 @@ This is the meaning the compiled queries must reproduce: the property tests chec
 bench/rewards.py times the queries against this loop. It reads records (dicts) and does no SQL, except
 that `sql` and `process expr` components cannot be evaluated without SQL: the reference takes their
 per-episode / per-turn values as callables.
+
+It lives with the tests, apart from rewards/kinds/, on purpose: an oracle written independently of the
+kinds' SQL builders, sharing none of their code, so a wrong builder cannot make its own check pass.
 """
 
 from __future__ import annotations

@@ -17,7 +17,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from trajlake.rewards import SPECS_DIR, load_spec, parse_spec, reference
+from tests import reward_reference as reference
+from trajlake.rewards import SPECS_DIR, load_spec, parse_spec
 from trajlake.rewards.score import score
 from trajlake.rewards.spec import STRATEGIES
 from trajlake.schemas import Episode, Turn

@@ -13,9 +13,10 @@ import uuid
 import pyarrow as pa
 import pytest
 
+from tests import reward_reference as reference
 from trajlake.cli import main
 from trajlake.core.errors import TrajlakeError
-from trajlake.rewards import SPECS_DIR, default_spec, load_spec, parse_spec, reference
+from trajlake.rewards import SPECS_DIR, default_spec, load_spec, parse_spec
 from trajlake.rewards.score import RewardValueError, diff, score
 from trajlake.schemas import Episode, Turn
 from trajlake.store import Lake
