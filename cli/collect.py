@@ -1,0 +1,144 @@
+"""The `trajlake` commands that play envs: `collect` (store episodes for training), `evaluate` (held-out
+episodes, with success, pass@k and intervals), `envs` (the registered envs) and `serve-env` (one of them over
+AgentGym's HTTP protocol). Their rollout options come from RolloutConfig's fields (cli/options.py)."""
+
+from __future__ import annotations
+
+import dataclasses
+import sys
+from pathlib import Path
+from typing import Optional
+
+import typer
+
+from trajlake.cli.common import PATH, check_text, open_lake, path_arg
+from trajlake.cli.options import rollout_options
+from trajlake.collect.config import CollectConfig, check_url
+from trajlake.core import display
+from trajlake.core.ids import check_id
+from trajlake.evaluate.run import EvalConfig
+
+
+@rollout_options(CollectConfig, required=("env",))
+def collect(
+    policy: str = typer.Option(..., "--policy", help="hf:PATH, vllm:PATH, openai:URL#MODEL, scripted:ENV, policy:ID"),
+    tasks: int = typer.Option(32, "--tasks", help="How many tasks of the split."),
+    task_offset: int = typer.Option(0, "--task-offset", help="Skip this many tasks of the split first."),
+    samples: int = typer.Option(1, "--samples", help="Samples per task (a GRPO group)."),
+    run_id: Optional[str] = typer.Option(None, "--run-id", help="Resume this run, or name a new one."),
+    workers: int = typer.Option(0, "--workers", help="Ray actors stepping envs (0: in-process)."),
+    tokenizer: Optional[str] = typer.Option(None, "--tokenizer", help="Tokenizer for text policies."),
+    seed: int = typer.Option(0, "--seed"),
+    env_variant: Optional[str] = typer.Option(
+        None, "--env-variant", help="With --env agentgym: the environment NAME [default: told by the server]."),
+    rollout: Optional[dict] = None,
+) -> None:
+    """Play episodes with a policy and store them, token for token. The same --run-id resumes a run (with the
+    settings it was started with), retrying the episodes that ended in an env error; a run whose every episode
+    ended in one is marked failed and exits 1."""
+    from trajlake.collect.envs.agentgym_client import resolve_env_name
+    from trajlake.collect.policies import resolve_policy_spec
+    from trajlake.collect.rollout import collect as run_collect
+    from trajlake.collect.summary import errors_line, print_summary
+
+    # the user's run id is checked, never replaced: an empty one was silently swapped for a generated id
+    check_id(run_id, "--run-id")
+    check_url(rollout["env_url"], "--env-url")  # before resolve_env_name asks the URL's server for its name
+    check_text("--env-variant", env_variant)  # "" was taken for "not given" and the run played without it
+    rollout["env"] = resolve_env_name(rollout["env"], rollout["env_url"], env_variant)
+    config = CollectConfig(**rollout, policy=policy, tasks=tasks, task_offset=task_offset, samples=samples,
+                           run_id=run_id, workers=workers, tokenizer=tokenizer, seed=seed)
+    with open_lake() as lake:
+        config = dataclasses.replace(config, policy=resolve_policy_spec(lake, policy))
+        rid = run_collect(config, lake)  # a run whose every episode hit an env error raises (exit 1)
+        print_summary(lake, rid)
+        line = errors_line(lake, rid)
+    if line:
+        display.console.print(line, markup=False, highlight=False, soft_wrap=True)  # the last line: what to retry
+
+
+@rollout_options(EvalConfig, required=("env",))
+def evaluate(
+    policy: list[str] = typer.Option(..., "--policy", help="Policy spec to evaluate; repeat to compare several."),
+    tasks: int = typer.Option(50, "--tasks"),
+    samples: int = typer.Option(1, "--samples", help="Samples per task (pass@k needs k <= samples)."),
+    greedy: bool = typer.Option(False, "--greedy", help="Greedy decoding (needs --samples 1)."),
+    tokenizer: Optional[str] = typer.Option(None, "--tokenizer", help="Tokenizer for text policies."),
+    spec: Optional[Path] = typer.Option(None, "--spec", help="Reward spec for the reward columns.",
+                                        parser=path_arg, metavar=PATH),
+    k: list[int] = typer.Option([1], "--k", help="pass@k values (repeatable); --samples is always added."),
+    seed: int = typer.Option(0, "--seed"),
+    rollout: Optional[dict] = None,
+) -> None:
+    """Play held-out tasks with each policy, store them (run kind eval) and report success, pass@k, reward,
+    turns, format errors and tokens per episode, per env and difficulty, with 95% intervals. Play them as the
+    policy was trained: the same --template and --system-prompt."""
+    import polars as pl
+
+    from trajlake.collect.envs.agentgym_client import resolve_env_name
+    from trajlake.evaluate.metrics import format_summary
+    from trajlake.evaluate.run import evaluate as run_eval
+
+    check_url(rollout["env_url"], "--env-url")  # before resolve_env_name asks the URL's server for its name
+    rollout["env"] = resolve_env_name(rollout["env"], rollout["env_url"])
+    cfg = EvalConfig(**rollout, policies=tuple(policy), tasks=tasks, samples=samples, greedy=greedy,
+                     tokenizer=tokenizer, spec=str(spec) if spec else None, ks=tuple(k), seed=seed)
+    if cfg.split == "train":  # allowed (a sanity check of fitting), but its numbers must not pass for held-out ones
+        print("warning: evaluating on the train split: the policy may have trained on these tasks, so these "
+              "numbers are not held out (use --split test or val for a held-out evaluation)", file=sys.stderr)
+    with open_lake() as lake:
+        result = run_eval(cfg, lake)
+    for p, rid in result.runs.items():
+        display.console.print(f"{p}: eval run {rid}")
+    table = format_summary(result.summary)
+    label = pl.col("policy") + pl.when(pl.col("difficulty") == "all").then(pl.lit("")).otherwise(
+        " (difficulty " + pl.col("difficulty") + ")")
+    display.emit_vertical(table.with_columns(label.alias("policy")).drop("difficulty"), key="policy")
+    for note in result.notes:  # the last lines: e.g. how many episodes ended in an env error, and how to retry
+        display.console.print(note, markup=False, highlight=False, soft_wrap=True)
+
+
+def envs() -> None:
+    """List the registered environments."""
+    import polars as pl
+
+    from trajlake.collect.envs import env_info
+
+    def splits(ranges: dict, remote: bool) -> str:
+        if not ranges:
+            return "listed by its server" if remote else "seeded"
+        return ", ".join(f"{s} {a}-{b - 1}" if b is not None else f"{s} {a}+" for s, (a, b) in ranges.items())
+
+    rows = [{"name": r["name"], "difficulties": ",".join(map(str, r["difficulties"])),
+             "splits": splits(r["split_ranges"], r["remote"]), "actions": r["actions"], "description": r["description"]}
+            for r in env_info()]
+    display.emit(pl.DataFrame(rows), display.Format.table, None)
+
+
+def serve_env(
+    env: str = typer.Option(..., "--env", help="Registered env to serve."),
+    port: int = typer.Option(8000, "--port"),
+    host: str = typer.Option("127.0.0.1", "--host", help="Bind address (loopback unless told otherwise)."),
+    split: str = typer.Option("test", "--split", help="Split whose tasks data_idx indexes."),
+    prefix: str = typer.Option("", "--prefix", help="Route prefix, e.g. maze for /maze/create."),
+    shape: str = typer.Option(
+        "trajlake", "--shape", help="Wire shape: trajlake (lists and sends whole tasks), or an AgentGym NAME to "
+        "imitate that server's (for testing a client without it)."),
+) -> None:
+    """Serve a registered env over AgentGym's HTTP protocol."""
+    from trajlake.collect.envs import make_env
+    from trajlake.collect.envs.agentgym_presets import get_preset
+    from trajlake.collect.envs.agentgym_server import run_server
+
+    check_text("--host", host)  # "" binds every interface, not the loopback the help promises
+    if prefix:  # the default "" is no prefix; a given one is a route segment, never a control character
+        check_text("--prefix", prefix)
+    make_env(env)  # an unknown name fails here with the list of envs
+    run_server(env, host, port, split, prefix, preset=get_preset(shape))
+
+
+def register(app: typer.Typer) -> None:
+    app.command()(collect)
+    app.command()(evaluate)
+    app.command()(envs)
+    app.command("serve-env")(serve_env)

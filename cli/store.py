@@ -1,0 +1,106 @@
+"""The `trajlake` commands that read or keep the lake itself: `sql` (read-only queries, or a shell),
+`snapshots`, `tables`, `maintain` (compaction and expiry) and `lease` (the run leases)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Optional
+
+import typer
+
+from trajlake.cli.common import PATH, open_lake, path_arg
+from trajlake.core import display
+from trajlake.core.errors import TrajlakeError
+from trajlake.store.outputs import check_output_path
+
+lease_app = typer.Typer(help="The run leases (one live process per run id): show one, or release one whose holder "
+                        "is gone for good.", no_args_is_help=True)
+
+
+def sql(
+    query: Optional[str] = typer.Argument(None, help="SQL over the tables; none opens an interactive shell."),
+    file: Optional[Path] = typer.Option(None, "--file", "-F", help="Read the SQL from this file (docs/queries/).",
+                                        parser=path_arg, metavar=PATH),
+    snapshot: Optional[int] = typer.Option(None, "--snapshot", "-s", help="Read the lake as of this snapshot."),
+    fmt: display.Format = typer.Option("table", "--format", "-f", help="Output format."),
+    out: Optional[Path] = typer.Option(None, "--out", "-o", help="Write to this file instead of stdout.",
+                                       parser=path_arg, metavar=PATH),
+) -> None:
+    """Run read-only SQL on the lake (tables: tasks, runs, policies, episodes, turns, reward_specs, ...): one
+    statement at a time; anything that would write (DDL, DML, COPY, ATTACH, SET, CALL...) is refused."""
+    if file is not None:
+        if query is not None:
+            raise TrajlakeError("give the SQL either as an argument or with --file, not both")
+        try:
+            query = file.read_text()
+        except OSError as e:
+            raise TrajlakeError(f"cannot read SQL file {file}: {e.strerror}") from None
+        except UnicodeDecodeError:  # a binary file (the lake's catalog, say) named by mistake
+            raise TrajlakeError(f"cannot read SQL file {file}: not UTF-8 text") from None
+    with open_lake(read_only=True) as lake:
+        if query is None:
+            display.shell(lake, snapshot=snapshot)
+            return
+        if out is not None:
+            check_output_path(lake.catalog, out, "sql --out")
+        display.emit(lake.query(query, snapshot=snapshot), fmt, out)
+
+
+def snapshots() -> None:
+    """List the lake's snapshots: id, time, stage, message, run id."""
+    with open_lake(read_only=True) as lake:
+        display.emit(lake.snapshots().drop("changes"), display.Format.table, None, max_rows=10_000)
+
+
+def tables() -> None:
+    """List the tables with their row counts."""
+    from trajlake.schemas import TABLES
+
+    with open_lake(read_only=True) as lake:
+        counts = " UNION ALL ".join(f"SELECT '{t}' AS table_name, count(*) AS rows FROM {t}" for t in TABLES)
+        display.emit(lake.query(counts), display.Format.table, None)
+
+
+def maintain(
+    expire_older_than: Optional[str] = typer.Option(
+        None, "--expire-older-than", help="Expire snapshots older than this (e.g. 30d, 12h); none: keep all."
+    ),
+    grace: str = typer.Option("1h", "--grace", help="Never delete files younger than this (live writers)."),
+) -> None:
+    """Flush inlined rows, merge small files, expire old snapshots, delete unused files."""
+    # `is not None`: an empty --expire-older-than (an unset variable) is a bad duration, not "keep all"
+    expire = display.parse_duration(expire_older_than) if expire_older_than is not None else None
+    grace_td = display.parse_duration(grace)  # both parsed before the lake is opened
+    with open_lake() as lake:
+        done = lake.maintain(expire_older_than=expire, grace=grace_td)
+    display.console.print(", ".join(f"{k}: {v}" for k, v in done.items()))
+
+
+@lease_app.command("show")
+def lease_show(run_id: str = typer.Argument(..., help="The run id.")) -> None:
+    """Who holds a run's lease (host, pid, since when), or none."""
+    from trajlake.store.lease import holder_of
+
+    with open_lake(read_only=True) as lake:
+        holder = holder_of(lake, run_id)
+    display.console.print(f"lease of run {run_id}: {holder.describe() if holder else 'none'}", markup=False)
+
+
+@lease_app.command("release")
+def lease_release(run_id: str = typer.Argument(..., help="The run id.")) -> None:
+    """Remove a run's lease whoever holds it: for a holder on a host that is gone for good (a holder on this host
+    that died is taken over by the next run without this)."""
+    from trajlake.store.lease import release_any
+
+    with open_lake() as lake:
+        holder = release_any(lake, run_id)
+    display.console.print(f"released the lease of run {run_id}: {holder.describe() if holder else 'none'}",
+                          markup=False)
+
+
+def register(app: typer.Typer) -> None:
+    app.command(context_settings={"ignore_unknown_options": True})(sql)  # SQL may start with a `-- comment`
+    app.command()(snapshots)
+    app.command()(tables)
+    app.command()(maintain)
+    app.add_typer(lease_app, name="lease")

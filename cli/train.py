@@ -1,0 +1,62 @@
+"""The `trajlake train` command: train from a config file, with the overrides train/overrides.py declares
+(the same ones `python -m trajlake.train` takes), or recompute a stored step with --replay RUN --step N.
+
+Its click command is made by `command()` when `train` is asked for (cli/app.py): the override options come
+from TrainConfig, whose module imports torch, a second of start-up every other command would pay."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Optional
+
+import typer
+from typer.core import TyperCommand
+
+from trajlake.cli.common import PATH, State, check_finite, open_lake, path_arg
+from trajlake.cli.options import override_options
+from trajlake.core import display
+
+
+def train(
+    config: Optional[Path] = typer.Option(None, "--config", help="Train config TOML (see train/configs/).",
+                                          parser=path_arg, metavar=PATH),
+    replay: Optional[str] = typer.Option(
+        None, "--replay", help="Recompute a step of this stored GRPO/PPO run (with --step) and compare its weights "
+        "with the stored checkpoint; trains nothing, writes nothing."),
+    step: Optional[int] = typer.Option(None, "--step", help="The step --replay recomputes (from 1)."),
+    atol: float = typer.Option(0.0, "--atol", help="With --replay: the largest weight difference accepted as equal "
+                               "(0: bit for bit)."),
+    overrides: Optional[dict] = None,
+) -> None:
+    """Train from the store: SFT warm start, or GRPO/PPO iterations that collect, score and update (or, with
+    --train-filter, train on stored rollouts); each option under "Config overrides" replaces that field of the
+    config. With --replay RUN --step N: recompute step N of a run and check it against its
+    checkpoint (exit status 1 when they differ by more than --atol)."""
+    if replay is not None or step is not None:
+        given = (["--config"] if config is not None else []) + ["--" + f.replace("_", "-") for f in overrides]
+        if replay is None or step is None or given:
+            raise typer.BadParameter("--replay RUN_ID and --step N go together, and alone: the run's stored config "
+                                     "says the rest" + (f" (drop {', '.join(given)})" if given else ""))
+        from trajlake.train.reproduce import replay_step
+
+        check_finite("--atol", atol)  # NaN would make every comparison false: a failed replay reported equal
+        with open_lake() as lake:
+            report = replay_step(lake, replay, step)
+        display.console.print(report.describe(), markup=False, highlight=False, soft_wrap=True)
+        if report.max_abs_diff > atol:
+            raise typer.Exit(1)
+        return
+    if config is None:
+        raise typer.BadParameter("Missing option '--config' (or --replay RUN_ID --step N)")
+    from trajlake.train.config import load_config
+    from trajlake.train.loop import run
+
+    result = run(load_config(config, **overrides), State.lake_uri)
+    display.console.print(f"run {result.run_id}: step {result.step}, policy {result.policy_id}")
+
+
+def command() -> TyperCommand:
+    """The `train` click command, its override options made from TrainConfig now."""
+    one = typer.Typer(add_completion=False, pretty_exceptions_enable=False)
+    one.command("train")(override_options()(train))
+    return typer.main.get_command(one)

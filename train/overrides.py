@@ -1,0 +1,74 @@
+"""The TrainConfig fields a command line may override, declared once: `trajlake train` (cli/train.py) and
+`python -m trajlake.train` (train/__main__.py) both make one `--kebab-case` option per field of OVERRIDES,
+typed by the field's annotation and helped by its docstring. An option given replaces the config file's value
+(`load_config(path, **values)`); one left out keeps it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import types
+import typing
+from typing import Any
+
+#: the overridable fields, in the order the options are listed
+OVERRIDES = ("algo", "run_id", "model", "iterations", "env_url", "reward_spec", "train_filter", "train_snapshot",
+             "report_to")
+
+#: the types one value on a command line parses as
+_SCALARS = (str, int, float)
+
+
+@dataclasses.dataclass(frozen=True)
+class Override:
+    """One overridable field as a command-line option."""
+
+    field: str
+    """The TrainConfig field, e.g. `run_id`."""
+    option: str
+    """Its option, e.g. `--run-id`."""
+    type: type
+    """What one value parses as: str, int or float."""
+    repeated: bool
+    """A tuple field: the option is given once per item (`--report-to a --report-to b`)."""
+    help: str
+    """The field's docstring."""
+
+
+def override_options() -> list[Override]:
+    """OVERRIDES as options, from TrainConfig's annotations and field docstrings."""
+    from trajlake.core.config_types import field_docs
+    from trajlake.train.config import TrainConfig  # here, not at import: the module imports torch
+
+    hints = typing.get_type_hints(TrainConfig)
+    docs = field_docs(TrainConfig)
+    out = []
+    for name in OVERRIDES:
+        value_type, repeated = _option_type(name, hints[name])
+        out.append(Override(field=name, option="--" + name.replace("_", "-"), type=value_type, repeated=repeated,
+                            help=docs[name]))
+    return out
+
+
+def given_overrides(values: dict[str, Any]) -> dict[str, Any]:
+    """The overrides a command line gave, by field: an option left out (None) or a repeated one never given
+    (an empty list, which would replace the config's list with nothing) is dropped."""
+    return {name: value for name, value in values.items() if value is not None and value != []}
+
+
+def _option_type(name: str, hint: Any) -> tuple[type, bool]:
+    """(the type one value parses as, whether the option repeats) for a field annotated `hint`: `X | None`
+    is X (an option left out is None anyway), `tuple[X, ...]` is X repeated."""
+    if typing.get_origin(hint) in (types.UnionType, typing.Union):
+        args = [a for a in typing.get_args(hint) if a is not type(None)]
+        hint = args[0] if len(args) == 1 else hint
+    repeated = typing.get_origin(hint) is tuple
+    if repeated:
+        args = typing.get_args(hint)
+        hint = args[0] if len(args) == 2 and args[1] is Ellipsis else hint
+    if hint not in _SCALARS:  # a field the command line cannot spell (a bool needs --x/--no-x, a mapping a file)
+        raise TypeError(f"TrainConfig.{name} ({hint}) cannot be a command-line override")
+    return hint, repeated
+
+
+__all__ = ["OVERRIDES", "Override", "override_options", "given_overrides"]
