@@ -1,5 +1,5 @@
 """Attaching a lake's catalog (and what its errors mean), and the read-only rule of `Lake.query` on a lake
-opened read-only. Split from store/lake.py, which uses both."""
+opened read-only: store/connect.py attaches with the first, store/query.py applies the second."""
 
 from __future__ import annotations
 

@@ -26,7 +26,8 @@ from typing import Any
 from trajlake.core.clock import utc_now
 from trajlake.core.errors import TrajlakeError
 from trajlake.store.attach import ALIAS
-from trajlake.store.lake import WRITE_TOKEN, Lake
+from trajlake.store.lake import Lake
+from trajlake.store.write import WRITE_TOKEN
 
 TABLE = "run_leases"
 COLUMNS = ("run_id", "stage", "host", "pid", "process_start", "token", "acquired_at")

@@ -1,5 +1,6 @@
 """Lake maintenance: flush inlined rows, merge small files, expire old snapshots, delete unused files.
-`Lake.maintain` is the entry point; these are the store's housekeeping, apart from its reads and writes."""
+`Lake.maintain` is the entry point; these are the store's housekeeping, apart from its reads (store/query.py)
+and writes (store/write.py)."""
 
 from __future__ import annotations
 
