@@ -16,17 +16,17 @@ SMOLLM2 ?= models/smollm2
 TEXTCRAFT_SERVER ?= ../shared/agentgym/agentenv-textcraft
 
 .PHONY: setup setup-agentgym setup-smollm2 setup-vllm test test-slow test-vllm test-all demo demo-smollm2 agentgym-pipeline \
-	agentgym-pipeline-smollm2 agentgym-learning rescore collect rewards train train-warmstart envs sql snapshots maintain lint clean
+	agentgym-pipeline-smollm2 agentgym-learning rescore collect rewards train train-warmstart envs sql snapshots maintain lint docs clean
 
 setup: $(STAMP)
 
 # torch first, from the CPU build on disk (any other torch pulls GBs of CUDA packages), then DeepSpeed
-# without build isolation (its sdist imports torch to build), then the project with its dev extras.
+# without build isolation (its sdist imports torch to build), then the project with its dev, envs and docs extras.
 $(STAMP): pyproject.toml setup.py Makefile
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q torch==2.13.0 setuptools wheel
 	DS_BUILD_OPS=0 $(PY) -m pip install -q --no-build-isolation 'deepspeed>=0.15'
-	$(PY) -m pip install -q -e '.[dev,envs]'
+	$(PY) -m pip install -q -e '.[dev,envs,docs]'
 	if [ -d $(TEXTCRAFT_SERVER) ]; then $(PY) -m pip install -q --no-deps $(TEXTCRAFT_SERVER); fi
 	touch $(STAMP)
 
@@ -156,6 +156,10 @@ maintain: setup
 
 lint: setup
 	$(VENV)/bin/ruff check .
+
+# The documentation site (mkdocs.yml, the pages in docs/) into site/; --strict fails on any broken link or anchor.
+docs: setup
+	$(VENV)/bin/mkdocs build --strict --site-dir site
 
 clean:
 	rm -rf $(LAKE) lake_data models reports checkpoints
