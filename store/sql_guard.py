@@ -46,7 +46,9 @@ class UnsafeSQLError(TrajlakeError):
 
 def _parse_tree(sql: str) -> dict:
     """DuckDB's parse tree of SELECT statement(s) `sql` as JSON; raises duckdb.Error on a syntax error."""
-    tree = json.loads(_con().execute("SELECT json_serialize_sql(?)", [sql]).fetchone()[0])
+    # a cursor per call: threads checking at once would otherwise fetch each other's results off one connection
+    with _con().cursor() as cur:
+        tree = json.loads(cur.execute("SELECT json_serialize_sql(?)", [sql]).fetchone()[0])
     if tree.get("error"):
         raise duckdb.ParserException(tree.get("error_message", "cannot parse"))
     return tree

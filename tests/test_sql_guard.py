@@ -258,3 +258,14 @@ def test_outputs_into_the_lake_are_refused(backend, tmp_path, request, capsys):
             err = capsys.readouterr().err.strip().splitlines()
             assert rc == 1 and len(err) == 1 and "is inside the lake" in err[0], (argv, err)
     assert _state(uri) == before
+
+
+def test_threads_checking_at_once_each_get_their_own_answer():
+    """Spec loading checks filters from several threads: each check reads its own parse, never another's."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from trajlake.store.sql_guard import check_filter
+
+    exprs = [f"success AND turns > {i}" for i in range(400)]
+    with ThreadPoolExecutor(8) as pool:
+        assert list(pool.map(lambda e: check_filter(e, "filter"), exprs)) == [None] * len(exprs)
