@@ -16,7 +16,7 @@ import pytest
 
 from tests.helpers import BUILTIN, cfg, episodes_of, turns_by_episode
 from trajlake.collect.envs import Expert, make_env
-from trajlake.collect.envs.textarena_games import _hanoi_next
+from trajlake.collect.envs.textarena_experts import _hanoi_next
 from trajlake.collect.envs.textcraft_planner import TextCraftPlanner
 from trajlake.collect.envs.thirdparty_base import available
 from trajlake.collect.policies import load_policy

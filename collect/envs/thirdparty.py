@@ -52,6 +52,7 @@ the extra, `make_env(...)` raises a `TrajlakeError` naming `pip install 'trajlak
 from __future__ import annotations
 
 from trajlake.collect.envs.registry import register_env
+from trajlake.collect.envs.textarena_experts import hanoi_moves
 from trajlake.collect.envs.textarena_games import (
     VARIANTS,
     FrozenLakeEnv,
@@ -59,7 +60,6 @@ from trajlake.collect.envs.textarena_games import (
     MinesweeperEnv,
     SudokuEnv,
     TowerOfHanoiEnv,
-    hanoi_moves,
 )
 from trajlake.collect.envs.textcraft_game import TextCraftEnv, textcraft_plan
 from trajlake.collect.envs.thirdparty_base import INSTALL_HINT, ThirdPartyEnv, available
