@@ -209,6 +209,19 @@ def test_train_runs_the_loop_the_algo_names(scratch, model, lake):
     assert lake.query("SELECT count(*) FROM runs")[0, 0] == 0
 
 
+def test_a_plain_registration_is_a_token_level_critic_free_estimator(scratch):
+    @ADVANTAGES.register("outcome_sign_test")
+    def outcome_sign(*, token_level_rewards, mask, **_ignored):
+        adv = torch.sign(token_level_rewards.sum(-1, keepdim=True)).expand_as(mask) * mask
+        return adv, adv
+
+    assert callable(outcome_sign) and not isinstance(outcome_sign, Advantage), "the decorator returns the function"
+    assert ADVANTAGES["outcome_sign_test"] == Advantage(outcome_sign)
+    assert TrainConfig(model="m", advantage="outcome_sign_test", samples=1).advantage_name == "outcome_sign_test"
+    with pytest.raises(ConfigError, match="algo ppo trains a critic"):
+        TrainConfig(model="m", algo="ppo", advantage="outcome_sign_test")
+
+
 def test_registrations_that_cannot_work_are_refused():
     with pytest.raises(ValueError, match="turn inputs of turn_index, step_keys, got 'observations'"):
         Advantage(monte_carlo_minus_value, turn_inputs=("observations",))

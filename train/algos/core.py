@@ -163,7 +163,16 @@ def register_agg_mode(name: str, *, per: str) -> Callable:
 # ----------------------------------------------------------------------------------------------- registries
 
 
-ADVANTAGES: Registry[Advantage] = Registry("advantage estimator")
+class AdvantageRegistry(Registry[Advantage]):
+    """The advantage estimators. A plain function added (``@ADVANTAGES.register(name)``) is an
+    :class:`Advantage` with the defaults: token-level, critic-free, comparing no group, no settings; declare
+    more with :func:`register_advantage`."""
+
+    def add(self, name: str, entry: Advantage | AdvantageFn, *aliases: str) -> Advantage:
+        return super().add(name, entry if isinstance(entry, Advantage) else Advantage(entry), *aliases)
+
+
+ADVANTAGES = AdvantageRegistry("advantage estimator")
 POLICY_LOSSES: Registry[Loss] = Registry("policy loss")
 VALUE_LOSSES: Registry[Loss] = Registry("value loss")
 KL_ESTIMATORS: Registry[KLEstimatorFn] = Registry("KL estimator")
