@@ -61,7 +61,7 @@ for group in (collect, rewards, store, view, data, model):
 @app.callback()
 def _global(
     lake: Optional[str] = typer.Option(
-        None, "--lake", help="Lake URI: a folder, sqlite:FILE or postgres:CONNINFO [default: $TRAJLAKE_LAKE or ./lake]"
+        None, "--lake", help="Lake URI: a folder, sqlite:FILE or postgres:CONNINFO (default: $TRAJLAKE_LAKE or ./lake)"
     ),
     debug: bool = typer.Option(False, "--debug", help="Show tracebacks on errors."),
 ) -> None:

@@ -30,7 +30,7 @@ def collect(
     tokenizer: Optional[str] = typer.Option(None, "--tokenizer", help="Tokenizer for text policies."),
     seed: int = typer.Option(0, "--seed"),
     env_variant: Optional[str] = typer.Option(
-        None, "--env-variant", help="With --env agentgym: the environment NAME [default: told by the server]."),
+        None, "--env-variant", help="With --env agentgym: the environment NAME (default: told by the server)."),
     rollout: Optional[dict] = None,
 ) -> None:
     """Play episodes with a policy and store them, token for token. The same --run-id resumes a run (with the

@@ -56,7 +56,7 @@ def import_agentgym(
                                    parser=path_arg, metavar=PATH),
     run_id: Optional[str] = typer.Option(None, "--run-id"),
     env: Optional[str] = typer.Option(
-        None, "--env", help="Env the episodes are stored under [default: data_source], e.g. agentgym/textcraft."),
+        None, "--env", help="Env the episodes are stored under (default: data_source), e.g. agentgym/textcraft."),
     split: Optional[str] = typer.Option(None, "--split", help="Split when the files do not say."),
 ) -> None:
     """Import OpenManus-RL / AgentGym trajectories as episodes and turns with exact token ids."""

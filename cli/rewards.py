@@ -21,7 +21,7 @@ rewards_app = typer.Typer(help="Score stored episodes with a reward spec (replay
 @rewards_app.callback(invoke_without_command=True)
 def rewards(
     ctx: typer.Context,
-    spec: Optional[Path] = typer.Option(None, "--spec", help="Reward spec TOML [default: the built-in default].",
+    spec: Optional[Path] = typer.Option(None, "--spec", help="Reward spec TOML (default: the built-in default).",
                                         parser=path_arg, metavar=PATH),
     snapshot: Optional[int] = typer.Option(None, "--snapshot", "-s", help="Score the lake as of this snapshot."),
     where: Optional[str] = typer.Option(None, "--where", help="SQL filter over episodes columns."),

@@ -15,11 +15,11 @@ from trajlake.store.outputs import check_output_path
 
 def view(
     port: int = typer.Option(8765, "--port", help="Port on 127.0.0.1 (0: any free one)."),
-    snapshot: Optional[int] = typer.Option(None, "--snapshot", "-s", help="The snapshot to show [default: now]."),
+    snapshot: Optional[int] = typer.Option(None, "--snapshot", "-s", help="The snapshot to show (default: now)."),
     out: Optional[Path] = typer.Option(None, "--out", help="Write the pages to this folder instead of serving.",
                                        parser=path_arg, metavar=PATH),
     spec: Optional[str] = typer.Option(None, "--spec", help="With --out: the spec id whose rewards the pages "
-                                       "show [default: the last scored]."),
+                                       "show (default: the last scored)."),
 ) -> None:
     """The trajectory viewer: runs, their episodes (filters, sorting), and each episode turn by turn with its
     reply tokens shaded by the reward allocated to them. Served on 127.0.0.1 until Ctrl-C, or exported."""

@@ -10,7 +10,9 @@ from typer.testing import CliRunner
 
 from trajlake.cli import app, main
 from trajlake.cli.app import HELP_ORDER
+from trajlake.collect.config import ROLLOUT_FIELDS, CollectConfig
 from trajlake.core.config_types import field_docs
+from trajlake.evaluate.run import EvalConfig
 from trajlake.train.__main__ import parser
 from trajlake.train.config import TrainConfig
 from trajlake.train.overrides import OVERRIDES, given_overrides, override_options
@@ -25,11 +27,12 @@ def test_every_command_is_listed_in_the_pipeline_order():
 
 def test_train_options_are_the_overrides_with_the_field_docs_as_help():
     out = CliRunner().invoke(app, ["train", "--help"], env={"COLUMNS": "300"}).output
+    text = " ".join(word for word in out.split() if word != "│")  # the words, without the table's borders
     docs = field_docs(TrainConfig)
     for field in OVERRIDES:
         option = "--" + field.replace("_", "-")
         assert option in out, option
-        assert docs[field][:60] in " ".join(out.split()), field  # the field's docstring is the option's help
+        assert docs[field] in text, field  # the field's docstring is the option's help, whole
     assert "Config overrides" in out
 
 
@@ -70,3 +73,12 @@ def test_a_command_other_than_train_does_not_import_torch(tmp_path):
 def test_an_unknown_command_is_matched_against_the_lazy_ones_too(capsys):
     assert main(["trian"]) == 2
     assert "Did you mean 'train'?" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("command, cls", [("collect", CollectConfig), ("evaluate", EvalConfig)])
+def test_rollout_options_show_each_field_doc_whole(command, cls):
+    out = CliRunner().invoke(app, [command, "--help"], env={"COLUMNS": "300"}).output
+    text = " ".join(word for word in out.split() if word != "│")
+    docs = field_docs(cls)
+    for field in ROLLOUT_FIELDS:
+        assert docs[field] in text, field  # nothing of it taken for markup
