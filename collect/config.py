@@ -4,14 +4,20 @@ configuration (`CollectConfig`): dataclasses, every field documented once, check
 from __future__ import annotations
 
 import dataclasses
-import json
 import math
 from dataclasses import asdict, dataclass, field
 from typing import Any, ClassVar
 
 from trajlake.collect.templates import TEMPLATES
-from trajlake.core.config_types import check_field_types
+from trajlake.core.config_types import (
+    added_later,
+    check_field_types,
+    operational,
+    operational_fields,
+    run_fields,
+)
 from trajlake.core.errors import TrajlakeError
+from trajlake.store.runs import differences
 
 RUN_KINDS = ("collect", "eval")
 TRUNCATION = ("stop",)
@@ -94,7 +100,7 @@ class RolloutConfig:
 
     env: str = "doors"
     """Env to play (`trajlake envs` lists them); `agentgym/NAME` plays the AgentGym server at `env_url`."""
-    env_url: str | None = None
+    env_url: str | None = operational(None)
     """URL of the AgentGym env server an `agentgym/NAME` env plays (e.g. http://127.0.0.1:36001)."""
     split: str = "train"
     """Task split: train, val or test."""
@@ -113,16 +119,16 @@ class RolloutConfig:
     """Nucleus sampling mass."""
     max_new_tokens: int = 48
     """Reply length cap in tokens."""
-    max_context_tokens: int = 2048
+    max_context_tokens: int = added_later(2048)
     """Context budget: prompt tokens of an episode's whole history plus the next reply."""
-    truncation: str = "stop"
+    truncation: str = added_later("stop")
     """What happens past the budget: `stop` ends the episode as `truncated` (no history is dropped, so the
     stored tokens stay exactly what the model saw)."""
-    on_format_error: str = "raw"
+    on_format_error: str = added_later("raw")
     """What the env gets for a reply without a valid action: `raw` (the whole reply) or `empty`."""
-    concurrency: int = 32
+    concurrency: int = operational(32)
     """Live episodes at once: each turn their prompts go to the policy in one batched call."""
-    replicas: int = 1
+    replicas: int = operational(1)
     """Copies of a model policy (hf, vllm, policy:ID), each a Ray actor, the live episodes spread over them
     (each stays on one); 1: the policy runs in this process. With RAY_ADDRESS set they are placed on that
     Ray cluster's nodes."""
@@ -216,23 +222,23 @@ class CollectConfig(RolloutConfig):
     """Skip this many tasks of the split first (the train loop moves on through the split every iteration)."""
     samples: int = 1
     """Samples per task (K); the K episodes of a task share a group_id (GRPO groups)."""
-    run_id: str | None = None
+    run_id: str | None = operational(None)
     """Run id; restarting with the same id resumes: it plays the (task, sample) pairs not stored yet and retries
     those whose every stored episode ended in an env error. The other fields that define the run (RUN_FIELDS)
     must then be the ones it was started with."""
-    workers: int = 0
+    workers: int = operational(0)
     """Ray actors stepping envs (0: in-process for built-in envs, a thread pool for HTTP envs)."""
     seed: int = 0
     """Seeds the policy's sampler (reproducible runs; samples of one task still differ)."""
     tokenizer: str | None = None
     """Tokenizer folder for text policies (scripted, openai): their replies are stored under it."""
-    chunk_turns: int = 1000
+    chunk_turns: int = operational(1000)
     """Write to the store once this many turns are buffered (one snapshot per chunk)..."""
-    chunk_seconds: float = 30.0
+    chunk_seconds: float = operational(30.0)
     """...or once this many seconds passed since the last write."""
     env_kwargs: dict[str, Any] = field(default_factory=dict)
     """Extra arguments for the env's constructor (the server's URL is `env_url`)."""
-    progress: bool = True
+    progress: bool = operational(True)
     """Show a progress bar and a summary table."""
     run_kind: str = "collect"
     """The `runs.kind` recorded: `collect`, or `eval` for held-out evaluation (trajlake evaluate, train evals)."""
@@ -284,26 +290,23 @@ class CollectConfig(RolloutConfig):
 
     def differences(self, stored: dict[str, Any], *, system_prompt: str | None = None) -> list[tuple[str, Any, Any]]:
         """(field, stored value, given value) for each field of RUN_FIELDS where this config differs from the
-        `stored` config of the run it resumes (`runs.config`). `system_prompt` is the effective system message
-        (this config's, or the one built from the env); with neither, it is not compared. A field the stored
-        config lacks (a lake from before the field existed) is not compared either."""
-        given = json.loads(json.dumps(self.to_dict()))  # the values as they read back from the store
-        if system_prompt is not None:
-            given["system_prompt"] = system_prompt
-        out = []
-        for name in RUN_FIELDS:
-            if name not in stored or (name == "system_prompt" and given[name] is None):
-                continue
-            old, new = stored[name], given[name]
+        `stored` config of the run it resumes (`runs.config`; trajlake.store.runs.differences). `system_prompt`
+        is the effective system message (this config's, or the one built from the env); with neither, it is not
+        compared. An unset template is the env's default, and env_kwargs that say where the env server is
+        (OPERATIONAL_ENV_KWARGS) are left out."""
+        def adjust(name: str, old: Any, new: Any) -> tuple[Any, Any] | None:
+            if name == "system_prompt":
+                new = system_prompt if system_prompt is not None else new
+                return None if new is None else (old, new)
             if name == "template":  # None plays the env's default: compare the templates actually played
                 default = self.env_class.default_template
-                old, new = old or default, new or default
+                return old or default, new or default
             if name == "env_kwargs":
-                old = {k: v for k, v in (old or {}).items() if k not in OPERATIONAL_ENV_KWARGS}
-                new = {k: v for k, v in (new or {}).items() if k not in OPERATIONAL_ENV_KWARGS}
-            if old != new:
-                out.append((name, old, new))
-        return out
+                return ({k: v for k, v in (old or {}).items() if k not in OPERATIONAL_ENV_KWARGS},
+                        {k: v for k, v in (new or {}).items() if k not in OPERATIONAL_ENV_KWARGS})
+            return old, new
+
+        return differences(stored, self, adjust=adjust, order=REFUSAL_ORDER)
 
 
 # What makes a run the run it is. A run id names one set of episodes, and its `runs.config` row says how they
@@ -315,30 +318,19 @@ class CollectConfig(RolloutConfig):
 # on_format_error, max_context_tokens, truncation), the prompt and the tokenizer the ids are stored under
 # (system_prompt, tokenizer), and where the run belongs (run_kind, parent_run_id). Growing `tasks` or
 # `samples` is refused too: that is a new run (the stored config would no longer describe this one).
-RUN_FIELDS = ("env", "env_kwargs", "policy", "split", "tasks", "task_offset", "samples", "difficulty", "max_turns",
-              "temperature", "top_p", "max_new_tokens", "seed", "template", "on_format_error", "max_context_tokens",
-              "truncation", "system_prompt", "tokenizer", "run_kind", "parent_run_id")
-# How a run is carried out, not what it plays: these may differ on every restart (fewer live episodes on a
-# smaller machine, policy replicas and Ray workers or none, other chunk sizes, no progress bar), and the run id
-# is the key itself.
-OPERATIONAL_FIELDS = ("run_id", "env_url", "concurrency", "replicas", "workers", "chunk_turns", "chunk_seconds",
-                      "progress")
+# How a run is carried out, not what it plays, is declared `operational` on its field and may differ on every
+# restart (fewer live episodes on a smaller machine, policy replicas and Ray workers or none, other chunk sizes,
+# no progress bar; the run id is the key itself).
+#: the order a refused resume names the fields that differ in: what is played, by whom, how it samples, the
+#: episode's rules, its prompt, where the run belongs (a field not listed follows, in declaration order)
+REFUSAL_ORDER = ("env", "env_kwargs", "policy", "split", "tasks", "task_offset", "samples", "difficulty",
+                 "max_turns", "temperature", "top_p", "max_new_tokens", "seed", "template", "on_format_error",
+                 "max_context_tokens", "truncation", "system_prompt", "tokenizer", "run_kind", "parent_run_id")
+#: the fields that identify a collect run (every field not declared `operational`), in REFUSAL_ORDER
+RUN_FIELDS = run_fields(CollectConfig, REFUSAL_ORDER)
+#: the fields declared `operational`: how a run is carried out, which a restart may change
+OPERATIONAL_FIELDS = operational_fields(CollectConfig)
 # env_kwargs of an env server's client that say where the server is and how patiently to call it, not which env
 # it serves: a server restarted elsewhere (another port or host) still serves the same tasks. (Which AgentGym
 # environment it is, `agentgym/NAME`, is the env itself, and stays part of the run.)
 OPERATIONAL_ENV_KWARGS = ("url", "timeout", "connect_timeout", "retries", "backoff")
-
-
-def describe_differences(run_id: str, diffs: list[tuple[str, Any, Any]]) -> str:
-    """One line refusing to resume `run_id` with other settings, naming each field's stored and given value."""
-    def show(v: Any) -> str:
-        text = repr(v)
-        return text if len(text) <= 80 else text[:77] + "..."
-
-    if len(diffs) == 1:
-        name, old, new = diffs[0]
-        stored, given = f"{name} {show(old)}", show(new)
-    else:
-        stored = ", ".join(f"{n} {show(o)}" for n, o, _ in diffs)
-        given = ", ".join(f"{n} {show(v)}" for n, _, v in diffs)
-    return f"run {run_id} already exists with {stored}; given {given} (use a new --run-id)"

@@ -11,7 +11,6 @@ failed attempts stay in the store as history, and a retry gets an episode id of 
 
 from __future__ import annotations
 
-import json
 import time
 import uuid
 from collections import deque
@@ -20,7 +19,7 @@ from datetime import datetime
 from typing import Any
 
 from trajlake.collect.chat import ChatRenderer
-from trajlake.collect.config import RUN_KINDS, CollectConfig, describe_differences
+from trajlake.collect.config import RUN_KINDS, CollectConfig
 from trajlake.collect.envpool import EnvPool, LocalEnvPool, Outcome, RayEnvPool
 from trajlake.collect.policies import Policy, Request, SamplingParams, load_policy, load_replicated
 from trajlake.collect.templates import get_template
@@ -28,7 +27,7 @@ from trajlake.core.clock import utc_now
 from trajlake.core.errors import TrajlakeError
 from trajlake.schemas import Episode, Run, Task, Turn
 from trajlake.schemas import Policy as PolicyRow
-from trajlake.store import Lake
+from trajlake.store import Lake, runs
 from trajlake.store import lease as run_lease
 
 _IDS = uuid.UUID("5b0c1f4e-2a8e-4d67-9a39-7f1f2b7f0c11")  # namespace of episode ids
@@ -84,24 +83,11 @@ def run_errors(lake: Lake, run_id: str) -> RunErrors:
     return RunErrors(int(row["pairs"] or 0), int(row["errored"] or 0), example)
 
 
-def stored_run(lake: Lake, config: CollectConfig, system_prompt: str | None = None) -> dict | None:
-    """The stored run row (kind, status, config) that `config` resumes, or None for a new run. Raises, writing
-    nothing, when that run is not a collect or eval run or was played with other settings (config.RUN_FIELDS)."""
-    if not config.run_id:
-        return None
-    rows = lake.query("SELECT kind, status, config FROM runs WHERE run_id = ?", [config.run_id])
-    if rows.height == 0:
-        return None
-    row = rows.row(0, named=True)
-    if row["kind"] not in RUN_KINDS:
-        raise TrajlakeError(f"run {config.run_id} already exists as a {row['kind']} run, not a collect run "
-                            "(use a new --run-id)")
-    stored = row["config"]
-    stored = json.loads(stored) if isinstance(stored, str) else dict(stored or {})
-    diffs = config.differences(stored, system_prompt=system_prompt)
-    if diffs:
-        raise TrajlakeError(describe_differences(config.run_id, diffs))
-    return row
+def stored_run(lake: Lake, config: CollectConfig, system_prompt: str | None = None) -> runs.StoredRun | None:
+    """The stored run that `config` resumes, or None for a new run. Raises, writing nothing, when that run is
+    not a collect or eval run or was played with other settings (config.RUN_FIELDS)."""
+    return runs.find(lake, config.run_id, config, kinds=RUN_KINDS, error=config.error_type,
+                     system_prompt=system_prompt)
 
 
 @dataclass
@@ -152,7 +138,7 @@ class Rollout:
             raise TrajlakeError(f"policy {config.policy} has no tokenizer: give --tokenizer PATH")
         self.renderer = ChatRenderer(self.policy.tokenizer)
         self.params = SamplingParams(config.temperature, config.top_p, config.max_new_tokens, config.seed)
-        self.run_id = config.run_id or f"collect-{utc_now():%Y%m%d-%H%M%S}-{uuid.uuid4().hex[:6]}"
+        self.run_id = config.run_id or runs.new_run_id("collect")
         self.pool: EnvPool = (RayEnvPool(factory, config.workers) if config.workers > 0
                               else LocalEnvPool(factory, threads=config.concurrency if self.probe_env.remote else 0))
         self.system = config.system_prompt or system_prompt(self.probe_env, self.template)
@@ -169,23 +155,20 @@ class Rollout:
             raise TrajlakeError(f"env {c.env} split {c.split!r} has no tasks after task_offset {c.task_offset}")
         return tasks
 
-    def _register(self, tasks: list[Task], resumed: dict | None, pending: deque) -> None:
+    def _register(self, tasks: list[Task], resumed: runs.StoredRun | None, pending: deque) -> None:
         """Write the run, the policy and the tasks (idempotent: a resumed run adds nothing); a resumed run with
         episodes to play is marked running again."""
         p = self.policy
-        rows: dict[str, list] = {
-            "runs": [Run(self.run_id, self.config.run_kind,
-                         config={**self.config.to_dict(), "exact_tokens": p.exact_tokens, "system_prompt": self.system},
-                         status="running", started_at=utc_now(), parent_run_id=self.config.parent_run_id)],
-            "tasks": tasks,
-        }
+        run = Run(self.run_id, self.config.run_kind,
+                  config={**self.config.to_dict(), "exact_tokens": p.exact_tokens, "system_prompt": self.system},
+                  status="running", started_at=utc_now(), parent_run_id=self.config.parent_run_id)
+        rows: dict[str, list] = {"tasks": tasks}
         if not self.config.policy.startswith("policy:"):
             rows["policies"] = [PolicyRow(p.policy_id, run_id=self.run_id, base_model=p.model_path,
                                           checkpoint_uri=p.model_path, created_at=utc_now())]
-        self.lake.append(rows, stage="collect", run_id=self.run_id, message=f"collect: start run {self.run_id}")
-        if resumed is not None and pending and resumed["status"] != "running":
-            self.lake.update("runs", {"run_id": self.run_id}, {"status": "running", "finished_at": None},
-                             stage="collect", run_id=self.run_id, message=f"collect: resume run {self.run_id}")
+        runs.begin(self.lake, run, stage="collect", message=f"collect: start run {self.run_id}", rows=rows)
+        if resumed is not None and pending:
+            runs.restart(self.lake, resumed, stage="collect")
 
     def _pending(self, tasks: list[Task]) -> deque:
         """(task, sample, episode id) of every pair still to play: never stored, or stored only with env errors
@@ -217,7 +200,7 @@ class Rollout:
             # One live process per run id (store/lease.py), taken before the first write; a run of a train run
             # (parent_run_id) is covered by that run's lease. A resume with nothing left to do writes nothing,
             # so it takes none either.
-            idle = resumed is not None and not pending and resumed["status"] == "finished"
+            idle = resumed is not None and not pending and resumed.status == "finished"
             if self.config.parent_run_id is None and not idle:
                 lease = run_lease.acquire(self.lake, self.run_id, "collect")
                 resumed = stored_run(self.lake, self.config, self.system)  # as the previous holder left it
@@ -245,13 +228,14 @@ class Rollout:
             self._flush()
             errors = run_errors(self.lake, self.run_id)
             status = "failed" if errors.pairs and errors.errored == errors.pairs else "finished"
-            if bar.total or resumed is None or resumed["status"] != status:
-                self.lake.update("runs", {"run_id": self.run_id}, {"status": status, "finished_at": utc_now()},
-                                 stage="collect", run_id=self.run_id, message=f"collect: run {self.run_id} {status}")
-        except BaseException:
+            if bar.total or resumed is None or resumed.status != status:  # an idle resume leaves the row be
+                if status == "failed":
+                    runs.fail(self.lake, self.run_id, stage="collect", error=EnvErrorsOnly(self.run_id, errors).what)
+                else:
+                    runs.finish(self.lake, self.run_id, stage="collect")
+        except BaseException as e:
             self._flush()  # finished episodes are kept even when the run dies
-            self.lake.update("runs", {"run_id": self.run_id}, {"status": "failed", "finished_at": utc_now()},
-                             stage="collect", run_id=self.run_id)
+            runs.fail(self.lake, self.run_id, stage="collect", error=e)
             raise
         finally:
             self.pool.close()

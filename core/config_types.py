@@ -1,8 +1,15 @@
-"""Type checks of config dataclasses from their annotations, so a wrong type is an error naming the field.
+"""Config dataclasses: type checks from their annotations, and what each field is to a run.
 
 A TOML config or a keyword argument can hand a field any value (`lr = "fast"`); without a check the first
 comparison with it fails far from the cause (`'>' not supported between instances of 'str' and 'int'`).
 `check_field_types(config, ...)` runs first in `__post_init__` and says which field wants which type.
+
+What a field is to a run is declared on the field itself, once, for every stage (collect, train, evaluate):
+every field identifies the run (a resumed run must give it the stored value; an id hashed from the settings
+holds it) unless it is declared `operational(...)`: how the run is carried out or reported, which a resume may
+change and an id leaves out. A field declared `added_later(default)` identifies the run too, but was added after
+runs were stored: those runs were made at `default`, so a stored config without it compares as `default` and an
+id made from the settings leaves it out at `default` (the ids made before it stay the same).
 """
 
 from __future__ import annotations
@@ -14,6 +21,11 @@ import typing
 from typing import Any
 
 from trajlake.core.errors import TrajlakeError
+
+#: the metadata key `operational` sets on a field
+OPERATIONAL = "operational"
+#: the metadata key `added_later` sets on a field: the value the runs stored before the field existed were made at
+BEFORE = "before"
 
 _NAMES = {bool: "true or false", int: "an integer", float: "a number", str: "a string"}
 
@@ -103,3 +115,48 @@ def field_docs(cls: type) -> dict[str, str]:
                     and isinstance(nxt.value, ast.Constant) and isinstance(nxt.value.value, str)):
                 docs[node.target.id] = " ".join(nxt.value.value.split())
     return docs
+
+
+def operational(default: Any = dataclasses.MISSING, *, default_factory: Any = dataclasses.MISSING) -> Any:
+    """A dataclass field that says how a run is carried out or reported, not what the run is: a resumed run may
+    give it another value, and a run id hashed from the settings leaves it out."""
+    return dataclasses.field(default=default, default_factory=default_factory, metadata={OPERATIONAL: True})
+
+
+def added_later(default: Any) -> Any:
+    """A dataclass field that identifies a run but was added after runs were stored, all of them made at
+    `default` (the value that keeps the old meaning): a stored config that lacks it compares as `default`, and a
+    run id hashed from the settings leaves it out while it is `default`."""
+    return dataclasses.field(default=default, metadata={BEFORE: default})
+
+
+def run_fields(cls: type, order: tuple[str, ...] = ()) -> tuple[str, ...]:
+    """The fields of the dataclass `cls` that identify a run (every field not declared `operational`): those
+    named in `order` first, in that order, then the others in declaration order."""
+    rank = {name: i for i, name in enumerate(order)}
+    names = [f.name for f in dataclasses.fields(cls) if not f.metadata.get(OPERATIONAL)]
+    return tuple(sorted(names, key=lambda name: rank.get(name, len(rank))))
+
+
+def operational_fields(cls: type) -> tuple[str, ...]:
+    """The fields of the dataclass `cls` declared `operational`, in declaration order."""
+    return tuple(f.name for f in dataclasses.fields(cls) if f.metadata.get(OPERATIONAL))
+
+
+def added_fields(cls: type) -> dict[str, Any]:
+    """{field: the value runs stored before it were made at} for the fields of `cls` declared `added_later`."""
+    return {f.name: f.metadata[BEFORE] for f in dataclasses.fields(cls) if BEFORE in f.metadata}
+
+
+def at_old_value(value: Any, before: Any) -> bool:
+    """Whether `value` is the value `before` a field was added (of the same type: True is not 1)."""
+    return value == before and type(value) is type(before)
+
+
+def id_settings(config: Any, leave_out: tuple[str, ...] = ()) -> dict[str, Any]:
+    """The settings a run id made from the dataclass `config` hashes: its run-identifying fields but
+    `leave_out`, less the `added_later` ones still at the value the older ids were made at."""
+    before = added_fields(type(config))
+    values = dataclasses.asdict(config)
+    return {name: values[name] for name in run_fields(type(config))
+            if name not in leave_out and not (name in before and at_old_value(values[name], before[name]))}

@@ -14,11 +14,8 @@ first episode is played, so an evaluation refused for its second policy stores n
 
 from __future__ import annotations
 
-import dataclasses
-import hashlib
-import json
 import math
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from typing import ClassVar
 
 import polars as pl
@@ -32,11 +29,13 @@ from trajlake.collect.config import (
     check_range,
     rollout_fields,
 )
+from trajlake.core.config_types import id_settings, operational
 from trajlake.core.errors import TrajlakeError
 from trajlake.core.sql_text import sql_list
 from trajlake.evaluate.contamination import contamination_notes, with_contamination
 from trajlake.evaluate.metrics import summarize
 from trajlake.store import Lake
+from trajlake.store.runs import hashed_run_id
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -58,16 +57,16 @@ class EvalConfig(RolloutConfig):
     """Greedy decoding (temperature 0); then samples must be 1 (greedy samples would all be the same)."""
     tokenizer: str | None = None
     """Tokenizer folder for text policies (scripted, openai)."""
-    spec: str | None = None
+    spec: str | None = operational(None)
     """Reward spec TOML for the reward columns (None: the built-in default spec)."""
-    ks: tuple[int, ...] = (1,)
+    ks: tuple[int, ...] = operational((1,))
     """The k of pass@k, each <= `samples` (pass@k of fewer samples is not defined); 1 and `samples` are always
     reported too."""
-    confidence: float = 0.95
+    confidence: float = operational(0.95)
     """Two-sided level of the confidence intervals."""
     seed: int = 0
     """Sampler seed."""
-    progress: bool = True
+    progress: bool = operational(True)
     """Show progress bars."""
 
     def __post_init__(self):
@@ -118,21 +117,12 @@ class EvalResult:
     notes: list[str] = field(default_factory=list)
 
 
-#: settings EvalConfig gained (from RolloutConfig) after eval run ids were first made
-_SINCE_IDS = ("max_context_tokens", "truncation", "on_format_error")
-_ROLLOUT_DEFAULTS = {f.name: f.default for f in dataclasses.fields(RolloutConfig)}
-
-
 def eval_run_id(config: EvalConfig, policy: str) -> str:
     """`eval-<env>-<split>-<hash>`: the same policy evaluated the same way gets the same run (and its
-    stored episodes) back."""
-    settings = {k: v for k, v in asdict(config).items() if k not in ("policies", "progress", "concurrency", "ks",
-                                                                     "confidence", "spec", "env_url", "replicas")}
-    for name in _SINCE_IDS:  # at their defaults they change no episode: ids made before they existed still match
-        if settings[name] == _ROLLOUT_DEFAULTS[name]:
-            del settings[name]
-    digest = hashlib.sha256(json.dumps([policy, settings], sort_keys=True).encode()).hexdigest()[:12]
-    return f"eval-{config.env}-{config.split}-{digest}"
+    stored episodes) back. The hash holds `policy` and the settings that identify a run (core.config_types:
+    not the `operational` ones, which change no episode; the `added_later` ones only away from the value the
+    older ids were made at); `policies` is left out, as each policy has a run of its own."""
+    return hashed_run_id(f"eval-{config.env}-{config.split}-", [policy, id_settings(config, ("policies",))], 12)
 
 
 EPISODES_SQL = """

@@ -28,6 +28,7 @@ from typing import Any
 import pyarrow as pa
 
 from trajlake.core.errors import TrajlakeError
+from trajlake.store.reads import check_episode_filter, episode_rewards, stored_episode_ids
 
 PARQUET = "episodes.parquet"
 TURN_FIELDS = ("turn", "observation", "action_text", "action", "format_ok", "step_reward", "done", "info",
@@ -42,13 +43,6 @@ SELECT {episode}, r.kind AS run_kind, r.config::VARCHAR AS run_config, r.parent_
        (SELECT list({{{turn}}} ORDER BY u.turn) FROM turns u WHERE u.episode_id = e.episode_id) AS turns
 FROM episodes e LEFT JOIN runs r USING (run_id) LEFT JOIN tasks t USING (task_id)
 WHERE e.episode_id IN (SELECT episode_id FROM episodes WHERE ({where}\n)) ORDER BY e.episode_id
-"""
-
-REWARDS_SQL = """
-SELECT r.episode_id, r.total, list({{'position': k.position, 'reward': k.reward}}) AS tokens
-FROM episode_rewards r LEFT JOIN token_rewards k USING (spec_id, episode_id)
-WHERE r.spec_id = ? AND r.episode_id IN (SELECT episode_id FROM episodes WHERE ({where}\n))
-GROUP BY r.episode_id, r.total
 """
 
 
@@ -78,17 +72,15 @@ def _conversation(system: str | None, turns: list[dict]) -> tuple[list[dict], li
 def episode_rows(lake, where: str = "true", *, spec=None, snapshot: int | None = None) -> list[dict[str, Any]]:
     """The dataset's rows for the episodes `where` selects (SQL over episodes columns) at `snapshot`; with a
     reward spec (a loaded RewardSpec), its rewards, scored first where they are not yet."""
-    from trajlake.train.batch import check_episode_filter
-
-    check_episode_filter(lake, where, field="export --dataset --where", snapshot=snapshot)
+    check_episode_filter(lake, where, what="export --dataset --where", snapshot=snapshot)
     rewards: dict[str, dict] = {}
     if spec is not None:
         from trajlake.rewards.score import score
 
         if snapshot is None:
             score(lake, spec, where=where)  # what is scored already is skipped
-        rewards = {r["episode_id"]: r for r in lake.query(REWARDS_SQL.format(where=where), [spec.spec_id],
-                                                            snapshot=snapshot, output="arrow").to_pylist()}
+        rewards = {r["episode_id"]: r
+                   for r in episode_rewards(lake, spec.spec_id, where, snapshot=snapshot).to_pylist()}
     rows = []
     for r in lake.query(_select_sql(where), snapshot=snapshot, output="arrow").to_pylist():
         turns = r["turns"] or []
@@ -151,6 +143,7 @@ def import_dataset(lake, folder: str | Path) -> dict[str, int]:
     """Store the episodes of a dataset `export_dataset` wrote (their runs, tasks and turns) in `lake`, in one
     snapshot; episodes already stored are skipped. Returns the rows written per table."""
     from trajlake.schemas import Episode, Run, Task, Turn
+    from trajlake.store import runs as ledger
 
     folder = Path(folder)
     ds = _load(folder)
@@ -160,7 +153,7 @@ def import_dataset(lake, folder: str | Path) -> dict[str, int]:
         raise TrajlakeError(f"{folder}: not a trajlake episode dataset (no column {', '.join(missing)}); "
                             "trajlake import agentgym reads AgentGym's conversation files")
     rows = ds.to_list()
-    have = set(lake.query("SELECT episode_id FROM episodes")["episode_id"].to_list())
+    have = stored_episode_ids(lake)
     rows = [r for r in rows if r["episode_id"] not in have]
     runs, tasks, episodes, turns = {}, {}, [], []
     for r in rows:
@@ -182,8 +175,8 @@ def import_dataset(lake, folder: str | Path) -> dict[str, int]:
                                                                        else None)}))
     if not episodes:
         return {"episodes": 0, "turns": 0, "runs": 0, "tasks": 0}
-    stored = lake.append({"runs": list(runs.values()), "tasks": list(tasks.values()), "episodes": episodes,
-                          "turns": turns}, stage="import", run_id=None, message=f"import dataset {folder}")
+    stored = ledger.record(lake, list(runs.values()), stage="import", message=f"import dataset {folder}",
+                           rows={"tasks": list(tasks.values()), "episodes": episodes, "turns": turns})
     return {"episodes": len(episodes), "turns": len(turns), "runs": len(runs), "tasks": len(tasks),
             "snapshot": stored.snapshot_id}
 

@@ -12,15 +12,22 @@ the same RUN_FIELDS (see `TrainConfig.differences` and RESUMABLE_FIELDS below).
 from __future__ import annotations
 
 import dataclasses
-import json
 import tomllib
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, ClassVar
 
 from trajlake.collect.config import RolloutConfig
-from trajlake.core.config_types import check_field_types
+from trajlake.core.config_types import (
+    added_fields,
+    added_later,
+    check_field_types,
+    operational,
+    operational_fields,
+    run_fields,
+)
 from trajlake.core.errors import TrajlakeError
+from trajlake.store.runs import differences
 from trajlake.train.config_checks import (  # noqa: F401  (the constants are this module's API too)
     ALGOS,
     DEFAULT_ADVANTAGE,
@@ -63,10 +70,10 @@ class TrainConfig(RolloutConfig):
     algo: str = "grpo"
     """grpo (group-relative advantages, no critic), ppo (GAE with a critic) or sft (cross-entropy on a
     filtered store query; `sft_filter`, `sft_steps`)."""
-    run_id: str | None = None
+    run_id: str | None = operational(None)
     """Run id. A run restarted with the same id resumes from its last checkpoint; None makes a new id. A given
     one is a safe id (trajlake.core.ids.check_id: letters, digits, '.', '_', '-'; not empty): it names folders."""
-    checkpoint_dir: str = "checkpoints"
+    checkpoint_dir: str = operational("checkpoints")
     """Folder for checkpoints: each is `<checkpoint_dir>/<run_id>/step-<n>` and a row in `policies`."""
     seed: int = 0
     """Seeds torch, the minibatch shuffles and the rollout sampler (iteration i samples with seed + i)."""
@@ -80,18 +87,18 @@ class TrainConfig(RolloutConfig):
     AgentGym server's train split); False plays the first `tasks` every iteration."""
     samples: int = 4
     """Samples per task: the group size K of GRPO (>= 2 for grpo, else every advantage is 0)."""
-    iterations: int = 10
+    iterations: int = operational(10)
     """Iterations (collect -> score -> update -> checkpoint) of grpo/ppo."""
     reward_spec: str | None = None
     """Reward spec TOML; None: the built-in default spec (rewards/specs/default.toml)."""
-    horizon_start: int = 0
+    horizon_start: int = added_later(0)
     """Horizon curriculum (AgentGym-RL's ScalingInter-RL): the turn cap of the first iteration's rollouts, one
     turn more every `horizon_every` iterations up to max_turns (`horizon`), so that the policy learns a task's
     first steps on short, low-variance episodes before it plays whole ones. 0: off, every iteration plays
     max_turns. Held-out evals always play max_turns. Part of the run: a restart may not change it."""
-    horizon_every: int = 1
+    horizon_every: int = added_later(1)
     """With horizon_start: iterations per one-turn growth of the cap (1: one turn more every iteration)."""
-    eval_every: int = 0
+    eval_every: int = operational(0)
     """Evaluate every N iterations (and before the first) on held-out tasks, greedy; 0: never."""
     eval_split: str = "test"
     """Split of the held-out tasks."""
@@ -194,9 +201,9 @@ class TrainConfig(RolloutConfig):
     """Passes over each iteration's batch."""
     minibatch_size: int = 16
     """Sequences per optimizer step, over all processes."""
-    micro_batch: int = 4
+    micro_batch: int = operational(4)
     """Sequences per forward pass per process (micro-batches are length-bucketed, right-padded)."""
-    grad_accum: int | None = None
+    grad_accum: int | None = operational(None)
     """Micro-batches per optimizer step per process; None: minibatch_size / (micro_batch * processes).
     Given, it must agree: minibatch_size = micro_batch * grad_accum * processes."""
     grad_clip: float = 1.0
@@ -205,28 +212,28 @@ class TrainConfig(RolloutConfig):
     """DeepSpeed ZeRO stage, 0-3."""
     dtype: str = "fp32"
     """fp32 or bf16 (DeepSpeed bf16: bf16 weights and activations, fp32 master weights)."""
-    save_optimizer: bool = True
+    save_optimizer: bool = operational(True)
     """Also save the DeepSpeed state (optimizer moments; the critic's weights) with each checkpoint, so a
     resumed run continues exactly; without it a resumed run restarts the optimizer and the critic."""
 
     # ---- sft ----------------------------------------------------------------------------------------
     sft_filter: str = "success"
     """SQL over episodes columns choosing SFT data, e.g. "success AND policy_id LIKE 'scripted:%'"."""
-    sft_steps: int = 100
+    sft_steps: int = operational(100)
     """SFT optimizer steps."""
     sft_snapshot: int | None = None
     """Snapshot SFT reads (None: the latest at start)."""
-    checkpoint_every: int = 0
+    checkpoint_every: int = operational(0)
     """SFT: checkpoint every N steps (0: only at the end). RL checkpoints every iteration."""
-    log_every: int = 10
+    log_every: int = operational(10)
     """SFT: record a train_steps row every N steps."""
-    progress: bool = True
+    progress: bool = operational(True)
     """Show a progress bar with the main metrics."""
-    rollout_engine: str = "transformers"
+    rollout_engine: str = operational("transformers")
     """What plays the rollouts and held-out evals: `transformers` (the actor itself, in this process: the CPU
     default) or `vllm` (a vLLM engine started once, each new checkpoint loaded into it without a restart;
     `make setup-vllm` on a CPU). With replicas > 1, each replica runs this engine."""
-    report_to: tuple[str, ...] = ()
+    report_to: tuple[str, ...] = operational(())
     """Experiment trackers every train_steps row also goes to, under the peers' metric names (train/trackers.py):
     tensorboard (`<checkpoint_dir>/<run_id>/tensorboard`), wandb (online when logged in, else offline)."""
 
@@ -276,58 +283,50 @@ class TrainConfig(RolloutConfig):
     def differences(self, stored: dict[str, Any], *, start_policy: str | None = None,
                     spec_id: str | None = None) -> list[tuple[str, Any, Any]]:
         """(field, stored value, given value) for each of RUN_FIELDS where this config differs from the `stored`
-        config of the run it would resume (`runs.config`). `model` is compared as the policy it resolves to
-        (`start_policy`, stored beside the config), so `run:ID`, `policy:ID` and the folder of one checkpoint
-        are the same start, and `run:ID` is not once that run has trained on. `reward_spec` is compared by its
-        content (`spec_id`, stored beside the config as `reward_spec_id`), so an edited spec file at the same
-        path is a different run and a copy at another path is the same. A field the stored config lacks
-        (a lake from before it existed) is not compared, except those of ADDED_FIELDS: compared with the value
-        that run played by."""
-        given = json.loads(json.dumps(self.to_dict()))  # the values as they read back from the store
-        out = []
-        for name in RUN_FIELDS:
-            if name not in stored and name not in ADDED_FIELDS:
-                continue
-            old, new = stored.get(name, ADDED_FIELDS.get(name)), given[name]
+        config of the run it would resume (`runs.config`; trajlake.store.runs.differences). `model` is compared
+        as the policy it resolves to (`start_policy`, stored beside the config), so `run:ID`, `policy:ID` and the
+        folder of one checkpoint are the same start, and `run:ID` is not once that run has trained on.
+        `reward_spec` is compared by its content (`spec_id`, stored beside the config as `reward_spec_id`), so
+        an edited spec file at the same path is a different run and a copy at another path is the same. A field
+        the stored config lacks (a lake from before it existed) is not compared, except those declared
+        `added_later` (ADDED_FIELDS): compared with the value that run played by."""
+        def adjust(name: str, old: Any, new: Any) -> tuple[Any, Any] | None:
             if name == "model" and start_policy and stored.get("start_policy"):
                 if stored["start_policy"] == start_policy:
-                    continue
-                old, new = f"{old} (policy {stored['start_policy']})", f"{new} (policy {start_policy})"
-            elif name == "reward_spec" and spec_id and stored.get("reward_spec_id"):
+                    return None
+                return f"{old} (policy {stored['start_policy']})", f"{new} (policy {start_policy})"
+            if name == "reward_spec" and spec_id and stored.get("reward_spec_id"):
                 if stored["reward_spec_id"] == spec_id:
-                    continue
-                old, new = f"{old} (spec {stored['reward_spec_id']})", f"{new} (spec {spec_id})"
-            elif name == "advantage":  # None is the algo's default: compare the estimators actually used
-                old = old or DEFAULT_ADVANTAGE.get(stored.get("algo", self.algo), old)
-                new = self.advantage_name
-            if old != new:
-                out.append((name, old, new))
-        return out
+                    return None
+                return f"{old} (spec {stored['reward_spec_id']})", f"{new} (spec {spec_id})"
+            if name == "advantage":  # None is the algo's default: compare the estimators actually used
+                return old or DEFAULT_ADVANTAGE.get(stored.get("algo", self.algo), old), self.advantage_name
+            return old, new
+
+        return differences(stored, self, adjust=adjust)
 
 
 FIELDS = {f.name for f in dataclasses.fields(TrainConfig)}
-# How a run is carried out, not what it trains: these may differ when a run id is restarted. iterations and
-# sft_steps extend (or end sooner) the same run; env_url says where the env server is now, not which env it
-# serves; concurrency is how many episodes play at once, replicas on how many policy copies, rollout_engine
-# with what (a restart may move to a machine with vLLM); micro_batch and
+# How a run is carried out, not what it trains, is declared `operational` on its field: it may differ when a run
+# id is restarted. iterations and sft_steps extend (or end sooner) the same run; env_url says where the env
+# server is now, not which env it serves; concurrency is how many episodes play at once, replicas on how many
+# policy copies, rollout_engine with what (a restart may move to a machine with vLLM); micro_batch and
 # grad_accum split a mini-batch over forward passes and processes (the losses are aggregated over the whole
-# mini-batch, so the update is the same);
-# checkpoint_dir, save_optimizer and checkpoint_every say where and how often checkpoints are written (a restart
-# finds the last one through the store); log_every, eval_every, progress and report_to are what the run reports
-# and where; run_id is the key itself.
-RESUMABLE_FIELDS = ("run_id", "iterations", "sft_steps", "env_url", "concurrency", "replicas", "rollout_engine",
-                    "micro_batch", "grad_accum", "checkpoint_dir", "save_optimizer", "checkpoint_every", "log_every",
-                    "eval_every", "progress", "report_to")
+# mini-batch, so the update is the same); checkpoint_dir, save_optimizer and checkpoint_every say where and how
+# often checkpoints are written (a restart finds the last one through the store); log_every, eval_every,
+# progress and report_to are what the run reports and where; run_id is the key itself.
+RESUMABLE_FIELDS = operational_fields(TrainConfig)
 # What makes a train run the run it is: every other field (the starting model, the data and rollouts, the
 # reward spec, the algorithm and its hyper-parameters, seed, precision, ZeRO stage, the held-out evals). A
 # restart with any of them changed would continue one run's weights, optimizer state and train_steps under
 # other settings while its runs.config described the first ones, so it is refused; a new field is one of these
-# unless it is added to RESUMABLE_FIELDS.
-RUN_FIELDS = tuple(f.name for f in dataclasses.fields(TrainConfig) if f.name not in RESUMABLE_FIELDS)
-# RUN_FIELDS added after train runs were stored, with the value that keeps the old meaning: a stored config
-# without one was played by that value (every iteration at max_turns before the horizon curriculum), so a
-# restart at it resumes the run and a restart at another is refused like any other changed RUN_FIELD.
-ADDED_FIELDS = {"horizon_start": 0, "horizon_every": 1}
+# unless it is declared `operational`.
+RUN_FIELDS = run_fields(TrainConfig)
+# RUN_FIELDS declared `added_later`: added after train runs were stored, with the value that keeps the old
+# meaning: a stored config without one was played by that value (every iteration at max_turns before the
+# horizon curriculum), so a restart at it resumes the run and a restart at another is refused like any other
+# changed RUN_FIELD.
+ADDED_FIELDS = added_fields(TrainConfig)
 
 
 def horizon(iteration: int, start: int, every: int, max_turns: int) -> int:

@@ -21,7 +21,7 @@ from typing import Any
 import torch
 
 from trajlake.core.errors import TrajlakeError
-from trajlake.store import Lake
+from trajlake.store import Lake, runs
 from trajlake.train import checkpoint as C
 from trajlake.train import engine as E
 from trajlake.train.algos import ALGOS, SFT_LOOP, make_kl_controller
@@ -80,13 +80,12 @@ class StepReplay:
 
 
 def _stored_config(lake: Lake, run_id: str):
-    rows = lake.query("SELECT kind, config FROM runs WHERE run_id = ?", [run_id])
-    if rows.height == 0:
+    run = runs.stored(lake, run_id)
+    if run is None:
         raise ReplayError(f"no run {run_id!r} in the lake (trajlake sql 'SELECT run_id, kind FROM runs')")
-    kind, stored = rows.row(0)
-    if kind != "train":
-        raise ReplayError(f"run {run_id} is a {kind} run: --replay recomputes a step of a train run")
-    stored = json.loads(stored) if isinstance(stored, str) else dict(stored or {})
+    if run.kind != "train":
+        raise ReplayError(f"run {run_id} is a {run.kind} run: --replay recomputes a step of a train run")
+    stored = run.config
     # run_id left out: a replay writes nothing under it, and a run from before run ids were checked (`a/b`)
     # still replays
     cfg = config_from_dict({**{k: v for k, v in stored.items() if k in FIELDS}, "run_id": None, "progress": False},

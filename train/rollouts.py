@@ -5,14 +5,10 @@ new checkpoint is loaded. Only rank 0 plays; the others wait for what it stored.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 from trajlake.core.errors import TrajlakeError
 from trajlake.train import distributed as D
 from trajlake.train import engine as E
-
-if TYPE_CHECKING:
-    from trajlake.train.loop import _Run as Run
+from trajlake.train.train_run import TrainRun
 
 
 def _in_memory_policy(engines: E.Engines, policy_id: str, path: str):
@@ -39,7 +35,7 @@ def rotation_offset(iteration: int, tasks: int, split_size: int | None) -> int:
     return (iteration % blocks) * tasks
 
 
-def rollout_config(r: Run, policy_id: str, it: int):
+def rollout_config(r: TrainRun, policy_id: str, it: int):
     """The collect run of iteration `it` (from 0) of this train run (collect's own checks run on it): the
     train config's rollout settings, sampled with seed + it, at the horizon curriculum's turn cap of that
     iteration (`TrainConfig.turns_at`: max_turns when it is off), on the next `tasks` tasks of the split
@@ -60,7 +56,7 @@ def rollout_config(r: Run, policy_id: str, it: int):
     return replace(cc, task_offset=rotation_offset(it, c.tasks, size))
 
 
-def eval_config(r: Run, policy_id: str, step: int):
+def eval_config(r: TrainRun, policy_id: str, step: int):
     """The collect run of a held-out eval of this train run, made by evaluate's own code: greedy, one sample
     of `eval_tasks` tasks of `eval_split`, played as the rollouts are."""
     from trajlake.collect.config import rollout_fields
@@ -72,7 +68,7 @@ def eval_config(r: Run, policy_id: str, step: int):
     return eval_collect_config(ec, policy, f"{r.run_id}/eval-{step}", parent_run_id=r.run_id)
 
 
-def _engine_policy(r: Run, policy_id: str, path: str):
+def _engine_policy(r: TrainRun, policy_id: str, path: str):
     """The run's rollout policy when it is not the actor itself (replicas > 1, or rollout_engine vllm): started
     once, then each new checkpoint `path` loaded into it without a restart."""
     from trajlake.train.config import ROLLOUT_ENGINES
@@ -93,7 +89,7 @@ def _engine_policy(r: Run, policy_id: str, path: str):
     return r.rollout
 
 
-def collect_run(r: Run, engines: E.Engines, policy_id: str, path: str, cc) -> str:
+def collect_run(r: TrainRun, engines: E.Engines, policy_id: str, path: str, cc) -> str:
     """Rank 0 plays the collect run `cc` with the actor (or its replicas) into the store; returns its run id."""
     from trajlake.collect.rollout import EnvErrorsOnly, collect
 
@@ -110,7 +106,7 @@ def collect_run(r: Run, engines: E.Engines, policy_id: str, path: str, cc) -> st
             policy.close()
 
 
-def evaluate(r: Run, engines: E.Engines, policy_id: str, path: str, step: int) -> dict[str, float]:
+def evaluate(r: TrainRun, engines: E.Engines, policy_id: str, path: str, step: int) -> dict[str, float]:
     """Greedy episodes on held-out tasks (rank 0); success rate and mean env reward, on every rank."""
     from trajlake.evaluate.run import success_rate
 

@@ -56,6 +56,7 @@ from trajlake.interop.importers import (
 )
 from trajlake.lm.load import load_tokenizer
 from trajlake.schemas.records import Episode, Policy, Run, Task
+from trajlake.store import runs
 
 ROLES = {"human": "user", "user": "user", "gpt": "assistant", "assistant": "assistant", "system": "system"}
 NAMESPACE = uuid.uuid5(uuid.NAMESPACE_URL, "trajlake/import/agentgym")
@@ -125,8 +126,8 @@ def import_agentgym(
     tok_fp = tokenizer_fingerprint(tokenizer)
     sources = [(f, file_sha256(f), read_records(f, required="conversations")) for f in files]
     if run_id is None:
-        key = json.dumps([sorted(s for _, s, _ in sources), tok_fp, policy_id, env, split])
-        run_id = "import-agentgym-" + hashlib.sha256(key.encode()).hexdigest()[:16]
+        run_id = runs.hashed_run_id("import-agentgym-", [sorted(s for _, s, _ in sources), tok_fp, policy_id, env,
+                                                         split], 16)
 
     # Parse and validate every row of every file before anything else: one bad row refuses the import.
     episodes: list[dict] = []
@@ -157,14 +158,12 @@ def import_agentgym(
             "files": [{"path": str(p.resolve()), "sha256": s, "rows": len(r)} for p, s, r in sources],
             "env": env, "split": split, "policy_id": policy_id, "chunk_size": chunk_size,
         }
-        head = {  # written with the first chunk, so no episode is visible before its run and policy
-            "runs": [Run(run_id, "import", config=config, status="running", started_at=now)],
-            "policies": [Policy(policy_id, run_id=run_id, created_at=now)],
-        }
+        run = Run(run_id, "import", config=config, status="running", started_at=now)
+        policy = Policy(policy_id, run_id=run_id, created_at=now)
         chunks = [new[i:i + chunk_size] for i in range(0, len(new), chunk_size)]
         tasks_seen: set[str] = set()
         for n, chunk in enumerate(chunks):
-            data: dict[str, Any] = dict(head) if n == 0 else {}
+            data: dict[str, Any] = {"policies": [policy]} if n == 0 else {}
             tasks = {}
             for e in chunk:  # the first row of an item gives its task row
                 if e["task"].task_id not in tasks_seen:
@@ -174,8 +173,11 @@ def import_agentgym(
                 data["tasks"] = list(tasks.values())
             data["episodes"] = [Episode(**e["episode"], run_id=run_id, policy_id=policy_id) for e in chunk]
             data["turns"] = _turns_table(chunk)
-            res = lake.append(data, stage="import", run_id=run_id, message=(
-                f"import: agentgym chunk {n + 1}/{len(chunks)} ({len(chunk)} episodes) run {run_id}"))
+            message = f"import: agentgym chunk {n + 1}/{len(chunks)} ({len(chunk)} episodes) run {run_id}"
+            if n == 0:  # the run row with the first chunk, so no episode is visible before its run and policy
+                res = runs.begin(lake, run, stage="import", message=message, rows=data)
+            else:
+                res = lake.append(data, stage="import", run_id=run_id, message=message)
             for total, counts in ((inserted, res.inserted), (skipped, res.skipped)):
                 for name, k in counts.items():
                     total[name] = total.get(name, 0) + k
@@ -183,12 +185,9 @@ def import_agentgym(
                 snapshots.append(res.snapshot_id)
             bar.advance(writing, len(chunk))
 
-    status = lake.query("SELECT status FROM runs WHERE run_id = ?", [run_id])["status"].to_list()
-    if status and status != ["finished"]:  # a new run, or one an interrupted import left "running"
-        snap = lake.update(
-            "runs", {"run_id": run_id}, {"status": "finished", "finished_at": utc_now()},
-            stage="import", run_id=run_id, message=f"import: run {run_id} finished",
-        )
+    stored = runs.stored(lake, run_id)
+    if stored is not None and stored.status != "finished":  # a new run, or one an interrupted import left running
+        snap = runs.finish(lake, run_id, stage="import")
         if snap is not None:
             snapshots.append(snap)
     return ImportResult(

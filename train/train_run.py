@@ -1,0 +1,191 @@
+"""A train or sft run as the loops see it (`TrainRun`): its process group, run id, resume point, engines and
+its row in the run ledger (trajlake.store.runs), and `on_main`, how rank 0's store reads reach every rank.
+
+Constructing a TrainRun only reads; `acquire` takes the run id's lease, `start` makes the run's first write,
+`finish` / `fail` end it. The loops (train/loop.py) and their rollouts (train/rollouts.py) both use it.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from trajlake.core.clock import utc_now
+from trajlake.core.errors import TrajlakeError
+from trajlake.schemas import Run
+from trajlake.store import Lake, runs
+from trajlake.store import lease as run_lease
+from trajlake.train import checkpoint as C
+from trajlake.train import distributed as D
+from trajlake.train import engine as E
+from trajlake.train.algos import ALGOS
+from trajlake.train.config import ConfigError, TrainConfig
+
+
+class TrainRun:
+    """What train and sft share: process group, run id, resume point, engines, run row (in the run ledger,
+    trajlake.store.runs).
+
+    Constructing it only reads: it resolves the starting model, finds where a restarted run left off and
+    refuses a restart with other settings. `start()` makes the run's first write, once everything that can be
+    checked without training was checked, so a command refused before it leaves the lake as it was."""
+
+    def __init__(self, config: TrainConfig, lake: Lake | None, kind: str, spec_id: str | None = None):
+        self.cfg = config
+        self.spec_id = spec_id  # the reward spec's content id: a restart compares it, not the spec's path
+        self.rank, self.world = D.init_distributed()
+        self.main = self.rank == 0
+        if self.main and lake is None:
+            raise TrajlakeError("rank 0 needs the lake")
+        self.lake = lake if self.main else None
+        rid = config.run_id or runs.new_run_id(kind)
+
+        def resolve():
+            run_lease.check(lake, rid)  # another live process runs it: refused before any work (reads only)
+            try:
+                start_path, start_pid, base, new_row = C.resolve_model(lake, config.model)
+            except ConfigError:
+                raise
+            except TrajlakeError as e:  # name the field: the path or id alone may not say which setting it is
+                raise ConfigError(f"train config: model {config.model!r}: {e}") from None
+            resume = C.last_checkpoint(lake, rid)
+            stored = stored_train_run(lake, config, rid, start_pid, resume, spec_id=spec_id)
+            return rid, start_path, start_pid, base, new_row, resume, stored
+
+        (self.run_id, self.start_path, self.start_pid, self.base, self.new_row, self.resume,
+         self.stored) = on_main(self.main, resolve)
+        self.lease: run_lease.Lease | None = None  # rank 0, from acquire() to finish()
+        self.rollout = None  # replicas > 1 or rollout_engine vllm: what the rollouts play on (rank 0)
+        self.rollout_loaded: str | None = None  # the checkpoint it holds
+        self.trackers = None  # report_to's trackers (rank 0, from start())
+        self.step = self.resume.step if self.resume else 0
+        self.policy_id = self.resume.policy_id if self.resume else self.start_pid
+        self.model_path = self.resume.checkpoint_uri if self.resume else self.start_path
+
+    def acquire(self) -> None:
+        """Take the run id's lease (store/lease.py) before the run's first write, on rank 0: one live process
+        per run id. What __init__ read before it may have moved on meanwhile (a process that held the lease
+        then checkpointed): then this one gives the lease back and is refused, to start again from there."""
+        def take() -> None:
+            self.lease = run_lease.acquire(self.lake, self.run_id, "train")
+            if C.last_checkpoint(self.lake, self.run_id) != self.resume:
+                self.release()
+                raise TrajlakeError(f"run {self.run_id} moved on while this process started (another process ran "
+                                    "it meanwhile): run it again to resume from where it is now")
+
+        on_main(self.main, take)
+
+    def release(self) -> None:
+        if self.lease is not None:
+            self.lease.release()
+            self.lease = None
+
+    def start(self, **resolved: Any) -> None:
+        """Rank 0 records the run (a restart: marks it running again, with this restart's RESUMABLE_FIELDS in
+        its config) and its starting model's policy row. `resolved`: what settings resolved to, stored beside
+        the config (e.g. the snapshot stored rollouts are read at)."""
+        if not self.main:
+            return
+        from trajlake.train.trackers import Trackers
+
+        config = {**self.cfg.to_dict(), "start_policy": self.start_pid, **resolved}  # what `model` resolved to
+        if self.spec_id:
+            config["reward_spec_id"] = self.spec_id  # what `reward_spec` held
+        # before the first write: a tracker that cannot start (not installed) leaves the lake as it was
+        self.trackers = Trackers(self.cfg.report_to, self.metrics_log.parent, self.run_id, config)
+        policies = [C.PolicyRow(self.start_pid, run_id=self.run_id, base_model=self.base,
+                                checkpoint_uri=self.start_path, created_at=utc_now())] if self.new_row else []
+        message = f"train: start run {self.run_id}"
+        if self.stored is None:
+            run = Run(self.run_id, "train", config=config, status="running", started_at=utc_now())
+            runs.begin(self.lake, run, stage="train", message=message,
+                       rows={"policies": policies} if policies else None)
+            return
+        if policies:  # already stored for a restart: the append then skips it and writes nothing
+            self.lake.append({"policies": policies}, stage="train", run_id=self.run_id, message=message)
+        runs.restart(self.lake, self.stored, stage="train", config=config)
+
+    def build(self, critic: bool = False, ref: bool = False) -> E.Engines:
+        engines = E.build_engines(self.cfg, self.model_path, critic=critic, ref=ref, ref_path=self.start_path,
+                                  critic_path=self.start_path)
+        self.state = C.load_state(engines, self.model_path) if self.resume else {}
+        return engines
+
+    def checkpoint(self, engines: E.Engines, state: dict[str, Any]) -> tuple[C.PolicyRow, Any]:
+        path = C.checkpoint_path(self.cfg.checkpoint_dir, self.run_id, self.step)
+        C.save(engines, path, state={**state, **C.machine_state(self.world)}, save_optimizer=self.cfg.save_optimizer)
+        return C.policy_row(run_id=self.run_id, step=self.step, path=path, base_model=self.base,
+                            parent=self.policy_id), path
+
+    @property
+    def metrics_log(self) -> Any:
+        """`<checkpoint_dir>/<run>/metrics.jsonl`: every train_steps row, also readable while the run holds
+        the lake (a DuckDB-file lake admits one process at a time)."""
+        return C.checkpoint_path(self.cfg.checkpoint_dir, self.run_id, 0).parent / "metrics.jsonl"
+
+    def commit(self, *, step: int, metrics: dict[str, Any], snapshot_read: int | None,
+               policy: C.PolicyRow | None = None, spec_id: str | None = None,
+               episode_ids: tuple[str, ...] | None = None) -> None:
+        """Rank 0: one train_steps row (and the policy's) in the lake, and the same metrics as a line of
+        `metrics_log`."""
+        C.commit(self.lake, run_id=self.run_id, step=step, metrics=metrics, snapshot_read=snapshot_read,
+                 policy=policy, spec_id=spec_id, episode_ids=episode_ids)
+        self.trackers.log(step, metrics)
+        self.metrics_log.parent.mkdir(parents=True, exist_ok=True)
+        with open(self.metrics_log, "a") as f:
+            f.write(json.dumps({"run_id": self.run_id, "step": step, "policy_id": policy.policy_id if policy else None,
+                                "metrics": C.clean_metrics(metrics)}) + "\n")
+
+    def finish(self) -> None:
+        """The run ended: marked finished (rank 0), its trackers and rollout engine closed, its lease given back."""
+        self._end(None)
+
+    def fail(self, error: BaseException) -> None:
+        """The run failed (or was interrupted) with `error`: marked failed (rank 0, the error in the commit
+        message), its trackers and rollout engine closed, its lease given back."""
+        self._end(error)
+
+    def _end(self, error: BaseException | None) -> None:
+        try:
+            if self.trackers is not None:
+                self.trackers.close()
+            if self.rollout is not None:
+                self.rollout.close()
+                self.rollout = None
+            if self.main and error is None:
+                runs.finish(self.lake, self.run_id, stage="train")
+            elif self.main:
+                runs.fail(self.lake, self.run_id, stage="train", error=error)
+        finally:  # ended, failed or interrupted: the next process may run it
+            self.release()
+
+
+def on_main(main: bool, fn: Any) -> Any:
+    """`fn()` run on rank 0 and its result on every rank; a TrajlakeError it raises is raised on every rank
+    (not only on rank 0, which would leave the others waiting in the broadcast)."""
+    out: Any = None
+    if main:
+        try:
+            out = fn()
+        except TrajlakeError as e:
+            out = e
+    out = D.broadcast(out)
+    if isinstance(out, TrajlakeError):
+        raise out
+    return out
+
+
+def stored_train_run(lake: Lake, config: TrainConfig, run_id: str, start_policy: str,
+                     resume: C.Resume | None, *, spec_id: str | None = None) -> runs.StoredRun | None:
+    """The stored run that `config` restarts, or None for a new run. Raises, writing nothing, when `run_id` is
+    not a train run, was started with other RUN_FIELDS, or has done more steps than `config` asks for."""
+    run = runs.find(lake, run_id, config, kinds=("train",), error=ConfigError, start_policy=start_policy,
+                    spec_id=spec_id)
+    if run is None:
+        return None
+    done = resume.step if resume else 0
+    field = ALGOS[config.algo].counter  # iterations or sft_steps, as the algo's loop counts
+    if getattr(config, field) < done:
+        raise ConfigError(f"train config: {field} {getattr(config, field)} is fewer than the {done} run {run_id} "
+                          f"has done already: give {field} >= {done} to resume it (or use a new --run-id)")
+    return run
