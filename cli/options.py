@@ -16,16 +16,13 @@ import functools
 import inspect
 import typing
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import typer
 
 from trajlake.collect.config import ROLLOUT_FIELDS
 from trajlake.core.config_types import field_docs
-
-if TYPE_CHECKING:
-    from trajlake.train.overrides import Override
-
+from trajlake.train.overrides import Override, given_overrides, option_name, override_specs
 
 #: the help panel `train --help` lists the overrides under
 OVERRIDES_PANEL = "Config overrides"
@@ -41,7 +38,7 @@ def rollout_options(config_cls: type, *, required: tuple[str, ...] = ()) -> Call
 
     def option(name: str) -> inspect.Parameter:
         default = ... if name in required else fields[name].default
-        opt = typer.Option(default, _option_name(name), help=docs.get(name, ""), show_default=default is not None)
+        opt = typer.Option(default, option_name(name), help=docs.get(name, ""), show_default=default is not None)
         return inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, default=opt, annotation=hints[name])
 
     return _spliced([option(n) for n in ROLLOUT_FIELDS], into="rollout")
@@ -51,19 +48,13 @@ def override_options() -> Callable[[Callable], Callable]:
     """Decorator for a typer command `fn(..., overrides: dict)`: one option per TrainConfig override (None
     unless given; a tuple field's option repeats), and `fn` receives the ones given as the `overrides` dict,
     ready for `load_config(path, **overrides)`."""
-    from trajlake.train.overrides import given_overrides
-    from trajlake.train.overrides import override_options as train_overrides
 
     def option(o: Override) -> inspect.Parameter:
         annotation = (list[o.type] if o.repeated else o.type) | None
         opt = typer.Option(None, o.option, help=o.help, show_default=False, rich_help_panel=OVERRIDES_PANEL)
         return inspect.Parameter(o.field, inspect.Parameter.KEYWORD_ONLY, default=opt, annotation=annotation)
 
-    return _spliced([option(o) for o in train_overrides()], into="overrides", finish=given_overrides)
-
-
-def _option_name(field: str) -> str:
-    return "--" + field.replace("_", "-")
+    return _spliced([option(o) for o in override_specs()], into="overrides", finish=given_overrides)
 
 
 def _spliced(options: list[inspect.Parameter], *, into: str,

@@ -15,6 +15,7 @@ from typer.core import TyperCommand
 from trajlake.cli.common import PATH, State, check_finite, open_lake, path_arg
 from trajlake.cli.options import override_options
 from trajlake.core import display
+from trajlake.train.overrides import option_name
 
 
 def train(
@@ -33,7 +34,7 @@ def train(
     config. With --replay RUN --step N: recompute step N of a run and check it against its
     checkpoint (exit status 1 when they differ by more than --atol)."""
     if replay is not None or step is not None:
-        given = (["--config"] if config is not None else []) + ["--" + f.replace("_", "-") for f in overrides]
+        given = (["--config"] if config is not None else []) + [option_name(f) for f in overrides]
         if replay is None or step is None or given:
             raise typer.BadParameter("--replay RUN_ID and --step N go together, and alone: the run's stored config "
                                      "says the rest" + (f" (drop {', '.join(given)})" if given else ""))

@@ -15,7 +15,7 @@ from trajlake.core.config_types import field_docs
 from trajlake.evaluate.run import EvalConfig
 from trajlake.train.__main__ import parser
 from trajlake.train.config import TrainConfig
-from trajlake.train.overrides import OVERRIDES, given_overrides, override_options
+from trajlake.train.overrides import OVERRIDES, given_overrides, option_name, override_specs
 
 
 def test_every_command_is_listed_in_the_pipeline_order():
@@ -30,14 +30,13 @@ def test_train_options_are_the_overrides_with_the_field_docs_as_help():
     text = " ".join(word for word in out.split() if word != "│")  # the words, without the table's borders
     docs = field_docs(TrainConfig)
     for field in OVERRIDES:
-        option = "--" + field.replace("_", "-")
-        assert option in out, option
+        assert option_name(field) in out, field
         assert docs[field] in text, field  # the field's docstring is the option's help, whole
     assert "Config overrides" in out
 
 
 def test_python_m_train_takes_the_same_overrides_typed_by_the_fields():
-    options = override_options()
+    options = override_specs()
     p = parser(options)
     assert [o.field for o in options] == list(OVERRIDES)
     args = p.parse_args(["--config", "c.toml", "--iterations", "3", "--train-snapshot", "7", "--report-to",
@@ -82,3 +81,12 @@ def test_rollout_options_show_each_field_doc_whole(command, cls):
     docs = field_docs(cls)
     for field in ROLLOUT_FIELDS:
         assert docs[field] in text, field  # nothing of it taken for markup
+
+
+def test_a_field_the_command_line_cannot_spell_is_refused_as_an_override():
+    from trajlake.train.overrides import _option_type
+
+    assert _option_type("train_snapshot", int | None) == (int, False)
+    assert _option_type("report_to", tuple[str, ...]) == (str, True)
+    with pytest.raises(TypeError, match="progress"):  # a bool would need --progress/--no-progress
+        _option_type("progress", bool)

@@ -7,7 +7,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from trajlake.train.overrides import Override, given_overrides, override_options
+from trajlake.train.overrides import Override, given_overrides, override_specs
 
 
 def parser(options: list[Override]) -> argparse.ArgumentParser:
@@ -25,7 +25,7 @@ def parser(options: list[Override]) -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    options = override_options()
+    options = override_specs()
     args = parser(options).parse_args(argv)
     from trajlake.core.errors import TrajlakeError
     from trajlake.train.config import load_config

@@ -35,7 +35,7 @@ class Override:
     """The field's docstring."""
 
 
-def override_options() -> list[Override]:
+def override_specs() -> list[Override]:
     """OVERRIDES as options, from TrainConfig's annotations and field docstrings."""
     from trajlake.core.config_types import field_docs
     from trajlake.train.config import TrainConfig  # here, not at import: the module imports torch
@@ -45,9 +45,14 @@ def override_options() -> list[Override]:
     out = []
     for name in OVERRIDES:
         value_type, repeated = _option_type(name, hints[name])
-        out.append(Override(field=name, option="--" + name.replace("_", "-"), type=value_type, repeated=repeated,
+        out.append(Override(field=name, option=option_name(name), type=value_type, repeated=repeated,
                             help=docs[name]))
     return out
+
+
+def option_name(field: str) -> str:
+    """The command-line option of a config field: `run_id` is `--run-id`."""
+    return "--" + field.replace("_", "-")
 
 
 def given_overrides(values: dict[str, Any]) -> dict[str, Any]:
@@ -71,4 +76,4 @@ def _option_type(name: str, hint: Any) -> tuple[type, bool]:
     return hint, repeated
 
 
-__all__ = ["OVERRIDES", "Override", "override_options", "given_overrides"]
+__all__ = ["OVERRIDES", "Override", "override_specs", "option_name", "given_overrides"]
