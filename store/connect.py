@@ -1,6 +1,6 @@
-"""Opening a lake's connection: the catalog URI parsed and prepared (or, read-only, checked to exist), a DuckDB
-connection with the catalog's extensions, object storage configured, and the catalog attached, retrying the races
-of processes that open one new lake at once. `Lake.open` is the entry point; the attach itself and what its
+"""Opening a lake's connection: the catalog URI parsed and prepared (or, read-only, checked to exist), a
+DuckDB connection with the catalog's extensions, object storage configured, and the catalog attached, retrying the
+races of processes that open one new lake at once. `Lake.open` is the entry point; the attach itself and what its
 errors mean are store/attach.py, the tables it then brings up to date store/migrate.py.
 """
 

@@ -4,15 +4,14 @@ Every write is one transaction and so one DuckLake snapshot, with a commit messa
 run id. Appends are validated against the schemas first and are idempotent by key. Reads can pin any
 snapshot. See `store.uri` for the catalog backends.
 
-`Lake` holds the connection; its jobs live beside it, one module each: opening (store/connect.py, attaching in
-store/attach.py), bringing the tables up to the schemas (store/migrate.py), writing (store/write.py), reading
-with SQL (store/query.py) and maintenance (store/maintain.py). The typed reads other stages make of stored data
-are store/reads.py.
+`Lake` holds the connection (store/connection.py); its jobs live beside it, one module each, every one working on
+that connection: opening (store/connect.py, attaching in store/attach.py), bringing the tables up to the schemas
+(store/migrate.py), writing (store/write.py), reading with SQL (store/query.py) and maintenance
+(store/maintain.py). The typed reads other stages make of stored data are store/reads.py.
 """
 
 from __future__ import annotations
 
-import threading
 from collections.abc import Mapping
 from datetime import timedelta
 from typing import Any, Literal
@@ -22,8 +21,9 @@ import polars as pl
 import pyarrow as pa
 
 from trajlake.core.errors import TrajlakeError
-from trajlake.store import connect, migrate, objectstore, query, write
+from trajlake.store import connect, migrate, query, write
 from trajlake.store import maintain as maintenance
+from trajlake.store.connection import Connection
 from trajlake.store.uri import CatalogURI
 from trajlake.store.write import CommitResult
 
@@ -34,13 +34,20 @@ class Lake:
     """A trajectory lake. Open with `Lake.open(uri)`; safe to share between threads of one process."""
 
     def __init__(self, con: duckdb.DuckDBPyConnection, catalog: CatalogURI, read_only: bool = False):
-        self._con = con
-        self.catalog = catalog
-        self.read_only = read_only
-        self._lock = threading.Lock()  # guards the base connection, which is used only to make cursors
-        # last_committed_snapshot() is per attached lake, not per cursor: no other thread may commit between
-        # a commit and reading its snapshot id
-        self._commit_lock = threading.Lock()
+        self._connection = Connection(con, catalog, read_only)
+
+    @property
+    def catalog(self) -> CatalogURI:
+        """The catalog URI as opened."""
+        return self._connection.catalog
+
+    @property
+    def read_only(self) -> bool:
+        return self._connection.read_only
+
+    @property
+    def _con(self) -> duckdb.DuckDBPyConnection:
+        return self._connection.con
 
     # ---- opening -------------------------------------------------------------------------------
     @classmethod
@@ -53,14 +60,14 @@ class Lake:
         lake = cls(con, catalog, read_only)
         if not read_only:
             try:  # another process may be creating the same tables right now
-                connect.retrying_races(lambda: migrate.ensure_tables(lake), TrajlakeError)
+                connect.retrying_races(lambda: migrate.ensure_tables(lake._connection), TrajlakeError)
             except BaseException:
                 con.close()
                 raise
         return lake
 
     def close(self) -> None:
-        self._con.close()
+        self._connection.close()
 
     def __enter__(self) -> Lake:
         return self
@@ -70,11 +77,10 @@ class Lake:
 
     def _explain(self, error: Exception) -> str:
         """An error's first line; for data on object storage, with the server's reason and what to check."""
-        return objectstore.explain(str(error), self.catalog.data_path)
+        return self._connection.explain(error)
 
     def _cursor(self) -> duckdb.DuckDBPyConnection:
-        with self._lock:
-            return self._con.cursor()
+        return self._connection.cursor()
 
     # ---- writing (store/write.py) --------------------------------------------------------------
     def append(
@@ -91,7 +97,7 @@ class Lake:
         validated before anything is written. Rows whose key is already stored are skipped, so a writer
         that died after committing can retry without duplicates. Returns the snapshot made, or None.
         """
-        return write.append(self, data, stage=stage, run_id=run_id, message=message)
+        return write.append(self._connection, data, stage=stage, run_id=run_id, message=message)
 
     def update(
         self,
@@ -104,7 +110,7 @@ class Lake:
         message: str | None = None,
     ) -> int | None:
         """Set `values` on the row of `table` with `key` (e.g. a run's status), in one snapshot."""
-        return write.update(self, table, key, values, stage=stage, run_id=run_id, message=message)
+        return write.update(self._connection, table, key, values, stage=stage, run_id=run_id, message=message)
 
     def _transaction(self, write_rows, *, stage: str, message: str, run_id: str | None = None) -> int | None:
         """Run `write_rows(cursor)` in one transaction with a commit message; retry transient conflicts.
@@ -112,7 +118,7 @@ class Lake:
         `write_rows` returns whether it changed anything; if not, the transaction is rolled back and no
         snapshot is made. Returns the snapshot id committed, or None.
         """
-        return write.transaction(self, write_rows, stage=stage, message=message, run_id=run_id)
+        return write.transaction(self._connection, write_rows, stage=stage, message=message, run_id=run_id)
 
     # ---- reading (store/query.py) --------------------------------------------------------------
     def query(
@@ -130,19 +136,19 @@ class Lake:
         schemas/views.py, e.g. `token_rewards`). `tables` are extra Arrow tables the query may read by name.
         Returns polars or Arrow.
         """
-        return query.query(self, sql, params, snapshot=snapshot, output=output, tables=tables)
+        return query.query(self._connection, sql, params, snapshot=snapshot, output=output, tables=tables)
 
     def snapshots(self) -> pl.DataFrame:
         """Every snapshot: id, time, stage (author), message, run id, and what changed."""
-        return query.snapshots(self)
+        return query.snapshots(self._connection)
 
     def current_snapshot(self) -> int:
-        return query.current_snapshot(self)
+        return query.current_snapshot(self._connection)
 
     def count(self, table: str, *, snapshot: int | None = None) -> int:
-        return query.count(self, table, snapshot=snapshot)
+        return query.count(self._connection, table, snapshot=snapshot)
 
     # ---- maintenance (store/maintain.py) -------------------------------------------------------
     def maintain(self, *, expire_older_than: timedelta | None = None, grace: timedelta = timedelta(hours=1)) -> dict:
         """Flush inlined rows, merge small files, expire old snapshots, delete unused files (store/maintain.py)."""
-        return maintenance.maintain(self, expire_older_than=expire_older_than, grace=grace)
+        return maintenance.maintain(self._connection, expire_older_than=expire_older_than, grace=grace)

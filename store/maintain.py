@@ -1,6 +1,6 @@
-"""Lake maintenance: flush inlined rows, merge small files, expire old snapshots, delete unused files.
-`Lake.maintain` is the entry point; these are the store's housekeeping, apart from its reads (store/query.py)
-and writes (store/write.py)."""
+"""Lake maintenance: flush inlined rows, merge small files, expire old snapshots, delete unused files: the
+store's housekeeping, apart from its reads (store/query.py) and writes (store/write.py). `Lake.maintain` is the
+entry point; these take its connection (store/connection.py)."""
 
 from __future__ import annotations
 
@@ -14,12 +14,14 @@ import duckdb
 from trajlake.core.clock import utc_now
 from trajlake.core.errors import TrajlakeError
 from trajlake.store.attach import ALIAS
+from trajlake.store.query import current_snapshot
 
 if TYPE_CHECKING:
-    from trajlake.store.lake import Lake
+    from trajlake.store.connection import Connection
 
 
-def maintain(lake: Lake, *, expire_older_than: timedelta | None = None, grace: timedelta = timedelta(hours=1)) -> dict:
+def maintain(conn: Connection, *, expire_older_than: timedelta | None = None,
+             grace: timedelta = timedelta(hours=1)) -> dict:
     """Flush inlined rows to parquet, merge small files, expire old snapshots, delete unused files.
 
     Only files older than `grace` are deleted, so a file a live writer is still writing (not yet in
@@ -28,22 +30,22 @@ def maintain(lake: Lake, *, expire_older_than: timedelta | None = None, grace: t
     if grace < timedelta(0):
         raise TrajlakeError("grace must not be negative")
     done: dict[str, Any] = {}
-    cur = lake._cursor()
+    cur = conn.cursor()
     try:
         cur.execute(f"CALL ducklake_flush_inlined_data('{ALIAS}')")
         cur.execute(f"CALL ducklake_merge_adjacent_files('{ALIAS}')")
         if expire_older_than is not None:
             done["snapshots_expired"] = _expire(cur, expire_older_than)
-        done["old_files_deleted"] = _cleanup_old_files(lake, cur, grace)
+        done["old_files_deleted"] = _cleanup_old_files(conn, cur, grace)
         cutoff = [int(grace.total_seconds() * 1e6)]
         done["orphans_deleted"] = len(cur.execute(
             f"CALL ducklake_delete_orphaned_files('{ALIAS}', older_than => now() - to_microseconds(?))", cutoff
         ).fetchall())
     except duckdb.Error as e:
-        raise TrajlakeError(f"maintain failed: {lake._explain(e)}") from None
+        raise TrajlakeError(f"maintain failed: {conn.explain(e)}") from None
     finally:
         cur.close()
-    done["snapshot"] = lake.current_snapshot()
+    done["snapshot"] = current_snapshot(conn)
     return done
 
 # DuckLake's own `older_than` filters compare a SQLite catalog's timestamps, stored as text, as strings
@@ -62,11 +64,11 @@ def _expire(cur: duckdb.DuckDBPyConnection, older_than: timedelta) -> int:
         return 0
     return len(cur.execute(f"CALL ducklake_expire_snapshots('{ALIAS}', versions => ?)", [ids]).fetchall())
 
-def _cleanup_old_files(lake: Lake, cur: duckdb.DuckDBPyConnection, grace: timedelta) -> int:
+def _cleanup_old_files(conn: Connection, cur: duckdb.DuckDBPyConnection, grace: timedelta) -> int:
     """Delete files that left the lake (merged away, expired) more than `grace` ago."""
     cutoff = utc_now() - grace
     call = f"CALL ducklake_cleanup_old_files('{ALIAS}', older_than => ?::TIMESTAMPTZ)"
-    if not lake.catalog.kind.cleanup_in_transaction:
+    if not conn.catalog.kind.cleanup_in_transaction:
         return len(cur.execute(call, [cutoff]).fetchall())
     cur.execute("BEGIN TRANSACTION")  # the check and the deletion see the same scheduled files
     try:

@@ -14,7 +14,7 @@ from trajlake.store.attach import ALIAS
 from trajlake.store.write import WRITE_TOKEN, transaction
 
 if TYPE_CHECKING:
-    from trajlake.store.lake import Lake
+    from trajlake.store.connection import Connection
 
 #: Rows per parquet row group of the lake's data files (DuckLake's default is 122,880). A turn carries about
 #: 500 token ids and as many list levels: DuckDB's parquet writer builds each row group's list levels in
@@ -28,9 +28,9 @@ NEVER_INLINED = tuple(t.name for t in TABLES.values()
                       if any(pa.types.is_nested(f.type) and "string" in str(f.type) for f in t.schema))
 
 
-def ensure_tables(lake: Lake) -> None:
+def ensure_tables(conn: Connection) -> None:
     """Create missing tables and add columns the schemas gained since the lake was made."""
-    cur = lake._cursor()
+    cur = conn.cursor()
     existing = {
         (t, c)
         for t, c in cur.execute(
@@ -39,7 +39,7 @@ def ensure_tables(lake: Lake) -> None:
     }
     tables = {t for t, _ in existing}
     statements = []
-    if lake.catalog.multi_process and WRITE_TOKEN not in tables:
+    if conn.catalog.multi_process and WRITE_TOKEN not in tables:
         statements += [f"CREATE TABLE {ALIAS}.{WRITE_TOKEN} (n BIGINT)",
                        f"INSERT INTO {ALIAS}.{WRITE_TOKEN} VALUES (0)"]
     for tdef in TABLES.values():
@@ -65,7 +65,7 @@ def ensure_tables(lake: Lake) -> None:
     table_settings = [t for t in NEVER_INLINED if f"main.{t}" not in not_inlined]
     if statements or settings:
         transaction(
-            lake,
+            conn,
             lambda c: [c.execute(s) for s in statements]
             + [c.execute(f"CALL {ALIAS}.set_option('{name}', '{value}')") for name, value in settings],
             stage="store",
@@ -73,7 +73,7 @@ def ensure_tables(lake: Lake) -> None:
         )
     if table_settings:  # DuckLake sets a table's options only once the table is committed
         transaction(
-            lake,
+            conn,
             lambda c: [c.execute(f"CALL {ALIAS}.set_option('data_inlining_row_limit', 0, table_name => ?)", [t])
                        for t in table_settings],
             stage="store",

@@ -19,7 +19,7 @@ from trajlake.schemas.views import VIEWS
 from trajlake.store.attach import ALIAS, check_read_only
 
 if TYPE_CHECKING:
-    from trajlake.store.lake import Lake
+    from trajlake.store.connection import Connection
 
 #: each view's name as a word of a query's text
 _VIEW_NAMES = {name: re.compile(rf"\b{name}\b", re.IGNORECASE) for name in VIEWS}
@@ -34,13 +34,13 @@ def views_read_by(sql: str) -> list[str]:
     return needed[::-1]
 
 
-def query(lake: Lake, sql: str, params: list | None = None, *, snapshot: int | None = None,
+def query(conn: Connection, sql: str, params: list | None = None, *, snapshot: int | None = None,
           output: Literal["polars", "arrow"] = "polars",
           tables: Mapping[str, pa.Table] | None = None) -> pl.DataFrame | pa.Table:
     """Run `sql` over the store's tables at `snapshot` (None: the current one); see `Lake.query`."""
-    if lake.read_only:
+    if conn.read_only:
         check_read_only(sql)
-    cur = lake._cursor()
+    cur = conn.cursor()
     try:
         if snapshot is None:
             cur.execute(f"USE {ALIAS}")
@@ -59,7 +59,7 @@ def query(lake: Lake, sql: str, params: list | None = None, *, snapshot: int | N
                 return pl.DataFrame() if output == "polars" else pa.table({})
             table = rel.to_arrow_table() if hasattr(rel, "to_arrow_table") else rel.fetch_arrow_table()
         except duckdb.Error as e:
-            raise TrajlakeError(f"query failed: {lake._explain(e)}") from None
+            raise TrajlakeError(f"query failed: {conn.explain(e)}") from None
         return pl.from_arrow(table) if output == "polars" else table
     finally:
         cur.close()
@@ -84,26 +84,26 @@ def pin(cur: duckdb.DuckDBPyConnection, snapshot: int) -> None:
             raise SnapshotError(f"snapshot {snapshot} predates table {name}") from None
 
 
-def snapshots(lake: Lake) -> pl.DataFrame:
+def snapshots(conn: Connection) -> pl.DataFrame:
     """Every snapshot: id, time, stage (author), message, run id, and what changed."""
     return query(
-        lake,
+        conn,
         f"SELECT snapshot_id, snapshot_time, author AS stage, commit_message AS message, "
         f"json_extract_string(commit_extra_info, '$.run_id') AS run_id, changes "
         f"FROM ducklake_snapshots('{ALIAS}') ORDER BY snapshot_id",
     )
 
 
-def current_snapshot(lake: Lake) -> int:
+def current_snapshot(conn: Connection) -> int:
     """The id of the lake's latest snapshot."""
-    cur = lake._cursor()
+    cur = conn.cursor()
     try:
         return cur.execute(f"SELECT id FROM {ALIAS}.current_snapshot()").fetchone()[0]
     finally:
         cur.close()
 
 
-def count(lake: Lake, table: str, *, snapshot: int | None = None) -> int:
+def count(conn: Connection, table: str, *, snapshot: int | None = None) -> int:
     """Rows of `table` (a store table's name) at `snapshot`."""
     table_def(table)
-    return int(query(lake, f"SELECT count(*) AS n FROM {table}", snapshot=snapshot)["n"][0])
+    return int(query(conn, f"SELECT count(*) AS n FROM {table}", snapshot=snapshot)["n"][0])

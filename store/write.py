@@ -1,7 +1,8 @@
 """Writing to a lake: validated, key-idempotent appends, keyed updates, and the transaction both run in (one
 DuckLake snapshot with a commit message naming the stage and run id, transient conflicts retried).
 
-`Lake.append`, `Lake.update` and `Lake._transaction` are the entry points; these functions take the lake.
+`Lake.append`, `Lake.update` and `Lake._transaction` are the entry points; these functions take its connection
+(store/connection.py).
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ from trajlake.store.attach import ALIAS
 from trajlake.store.validate import conform
 
 if TYPE_CHECKING:
-    from trajlake.store.lake import Lake
+    from trajlake.store.connection import Connection
 
 #: Transient errors of concurrent writers that a retry resolves.
 RETRYABLE = ("conflict", "database is locked", "could not serialize", "deadlock", "busy")
@@ -44,7 +45,7 @@ class CommitResult:
     skipped: dict[str, int] = field(default_factory=dict)
 
 
-def append(lake: Lake, data: Mapping[str, Any], *, stage: str, run_id: str | None = None,
+def append(conn: Connection, data: Mapping[str, Any], *, stage: str, run_id: str | None = None,
            message: str | None = None) -> CommitResult:
     """Append rows to one or more tables in one transaction (one snapshot); see `Lake.append`."""
     if not data:
@@ -54,7 +55,7 @@ def append(lake: Lake, data: Mapping[str, Any], *, stage: str, run_id: str | Non
 
     def write(cur: duckdb.DuckDBPyConnection) -> bool:
         inserted.clear()
-        if lake.catalog.multi_process:
+        if conn.catalog.multi_process:
             cur.execute(f"UPDATE {ALIAS}.{WRITE_TOKEN} SET n = n + 1")
         for name, table in staged.items():
             view = f"_incoming_{name}"
@@ -78,12 +79,12 @@ def append(lake: Lake, data: Mapping[str, Any], *, stage: str, run_id: str | Non
         return any(inserted.values())
 
     msg = message or f"{stage}: append " + ", ".join(f"{n} ({t.num_rows})" for n, t in staged.items())
-    snapshot = transaction(lake, write, stage=stage, message=msg, run_id=run_id)
+    snapshot = transaction(conn, write, stage=stage, message=msg, run_id=run_id)
     skipped = {name: staged[name].num_rows - inserted.get(name, 0) for name in staged}
     return CommitResult(snapshot, dict(inserted), skipped)
 
 
-def update(lake: Lake, table: str, key: Mapping[str, Any], values: Mapping[str, Any], *, stage: str,
+def update(conn: Connection, table: str, key: Mapping[str, Any], values: Mapping[str, Any], *, stage: str,
            run_id: str | None = None, message: str | None = None) -> int | None:
     """Set `values` on the row of `table` with `key`, in one snapshot; see `Lake.update`."""
     tdef = table_def(table)
@@ -109,10 +110,10 @@ def update(lake: Lake, table: str, key: Mapping[str, Any], values: Mapping[str, 
         n = cur.execute(f"UPDATE {ALIAS}.{table} SET {sets} WHERE {where}", params + list(key.values()))
         return bool(n.fetchone()[0])
 
-    return transaction(lake, write, stage=stage, run_id=run_id, message=message or f"{stage}: update {table}")
+    return transaction(conn, write, stage=stage, run_id=run_id, message=message or f"{stage}: update {table}")
 
 
-def transaction(lake: Lake, write: Callable[[duckdb.DuckDBPyConnection], Any], *, stage: str, message: str,
+def transaction(conn: Connection, write: Callable[[duckdb.DuckDBPyConnection], Any], *, stage: str, message: str,
                 run_id: str | None = None) -> int | None:
     """Run `write(cursor)` in one transaction with a commit message; retry transient conflicts.
 
@@ -121,7 +122,7 @@ def transaction(lake: Lake, write: Callable[[duckdb.DuckDBPyConnection], Any], *
     """
     extra = json.dumps({"stage": stage, "run_id": run_id, "commit": uuid.uuid4().hex})
     for attempt in range(MAX_RETRIES):
-        cur = lake._cursor()
+        cur = conn.cursor()
         try:
             cur.execute("BEGIN TRANSACTION")
             changed = write(cur)
@@ -131,7 +132,7 @@ def transaction(lake: Lake, write: Callable[[duckdb.DuckDBPyConnection], Any], *
             cur.execute(
                 f"CALL {ALIAS}.set_commit_message(?, ?, extra_info => ?)", [stage, message, extra]
             )
-            with lake._commit_lock:
+            with conn.commit_lock:
                 cur.execute("COMMIT")
                 return cur.execute(f"SELECT id FROM {ALIAS}.last_committed_snapshot()").fetchone()[0]
         except duckdb.Error as e:
@@ -139,7 +140,7 @@ def transaction(lake: Lake, write: Callable[[duckdb.DuckDBPyConnection], Any], *
             if attempt + 1 < MAX_RETRIES and any(s in str(e).lower() for s in RETRYABLE):
                 time.sleep(min(0.01 * 2**attempt, 0.5) * (0.5 + random.random()))
                 continue
-            raise TrajlakeError(f"{stage}: write failed, nothing was stored: {lake._explain(e)}") from e
+            raise TrajlakeError(f"{stage}: write failed, nothing was stored: {conn.explain(e)}") from e
         finally:
             cur.close()
     raise AssertionError("unreachable")

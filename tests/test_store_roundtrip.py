@@ -368,7 +368,7 @@ def test_nul_in_a_map_key_is_stored_or_refused_cleanly(lake):
 
 def test_a_nul_inside_nested_strings_is_stored(lake):
     """Data from imports and env servers may hold NUL; DuckLake's inlined rows on SQLite and PostgreSQL fail to
-    commit one inside a list or a map key, so those tables are never inlined (store.lake.NEVER_INLINED)."""
+    commit one inside a list or a map key, so those tables are never inlined (store.migrate.NEVER_INLINED)."""
     from trajlake.schemas.records import TrainStep
 
     ids = ["a\x00b", "\x00", "plain"]

@@ -201,7 +201,7 @@ def test_maintain_flushes_merges_and_deletes_remote_files(s3, backend, tmp_path,
         assert done["old_files_deleted"] > 0 and done["orphans_deleted"] == 1
         after = s3.keys(bucket)
         assert orphan not in after and not before <= after
-        # a multi-process catalog's write token (store.lake.WRITE_TOKEN) is flushed to a file of its own too
+        # a multi-process catalog's write token (store.write.WRITE_TOKEN) is flushed to a file of its own too
         tables = {"episodes", "turns"} | ({"write_token"} if backend != "duckdb" else set())
         assert {k.split("/")[2] for k in after} == tables
         for snap, rows in history.items():
