@@ -12,8 +12,7 @@ import polars as pl
 
 from trajlake.evaluate.metrics import wilson_interval
 from trajlake.store import Lake
-
-CONTAMINATION_SQL = "SELECT * FROM eval_contamination WHERE eval_run IN (SELECT unnest(?::VARCHAR[]))"
+from trajlake.store.reads import eval_contamination
 
 #: the columns `with_contamination` adds to a summary's overall rows, with their types
 COLUMN_TYPES = {"contaminated_tasks": pl.Int64, "clean_tasks": pl.Int64, "clean_episodes": pl.Int64,
@@ -32,8 +31,8 @@ def outside_goals_of(splits: tuple[str, ...] = ("test", "val")) -> str:
 
 def contamination(lake: Lake, eval_runs: list[str]) -> pl.DataFrame:
     """One row per eval run of `eval_runs` (and env, split): its tasks, how many share a goal with the policy's
-    training episodes, and the success on the clean ones (eval_contamination's columns)."""
-    return lake.query(CONTAMINATION_SQL, [list(eval_runs)])
+    training episodes, and the success on the clean ones (store.reads.eval_contamination's columns)."""
+    return eval_contamination(lake, eval_runs)
 
 
 def with_contamination(lake: Lake, summary: pl.DataFrame, runs: dict[str, str], confidence: float = 0.95,
@@ -75,5 +74,5 @@ def contamination_notes(summary: pl.DataFrame) -> list[str]:
     return notes
 
 
-__all__ = ["COLUMNS", "CONTAMINATION_SQL", "contamination", "contamination_notes", "outside_goals_of",
+__all__ = ["COLUMNS", "contamination", "contamination_notes", "outside_goals_of",
            "with_contamination"]

@@ -23,15 +23,10 @@ from urllib.parse import parse_qs, unquote, urlparse
 from trajlake.core.errors import TrajlakeError
 from trajlake.evaluate.viewer_html import CSP_HEADER, error_page
 from trajlake.evaluate.viewer_pages import Links, Pages
+from trajlake.store.reads import latest_spec
 
 #: the addresses that reach only this machine (a viewer bound to one checks the Host of each request)
 LOOPBACK = ("127.0.0.1", "::1")
-
-
-def default_spec(lake, snapshot: int) -> str | None:
-    """The spec last scored at `snapshot` (None: nothing scored)."""
-    rows = lake.query("SELECT spec_id FROM reward_specs ORDER BY created_at DESC, spec_id LIMIT 1", snapshot=snapshot)
-    return rows.item() if rows.height else None
 
 
 def _pin(lake, snapshot: int | None) -> int:
@@ -91,7 +86,7 @@ def export_site(lake, out: str | Path, *, snapshot: int | None = None, spec: str
     pages); returns how many episode pages. Page names come from `Links.page_file` (ids encoded by
     `path_component`), so no id, whatever it holds, names a file outside `out`."""
     snap = _pin(lake, snapshot)
-    pages = Pages(lake, snap, spec or default_spec(lake, snap), Links(static=True))
+    pages = Pages(lake, snap, spec or latest_spec(lake, snapshot=snap), Links(static=True))
     pages.check_spec(spec)
     root = _out_folder(out)
     _write(root, "", "index.html", pages.runs())
@@ -112,7 +107,7 @@ class Viewer:
     def __init__(self, lake, *, snapshot: int | None = None, port: int = 8765, host: str = "127.0.0.1"):
         self.lake, self.host = lake, host
         self.snapshot = _pin(lake, snapshot)
-        self.spec = default_spec(lake, self.snapshot)
+        self.spec = latest_spec(lake, snapshot=self.snapshot)  # the spec last scored
         self.lock = threading.Lock()
         viewer = self
 
@@ -199,4 +194,4 @@ class Viewer:
         self.server.server_close()
 
 
-__all__ = ["Viewer", "export_site", "default_spec"]
+__all__ = ["Viewer", "export_site"]

@@ -19,6 +19,7 @@ from trajlake.core.errors import TrajlakeError
 from trajlake.core.ids import path_component
 from trajlake.evaluate.metrics import held_out_label
 from trajlake.evaluate.viewer_html import attrs, esc, link, page, url_part
+from trajlake.store.reads import eval_contamination, policy_source, reward_spec_names
 
 RUNS_SQL = """
 SELECT r.run_id, r.kind, r.status, r.parent_run_id, count(e.episode_id) AS episodes,
@@ -46,12 +47,6 @@ TURNS_SQL = """SELECT turn, observation, action_text, action, format_ok, step_re
 prompt_token_ids, response_token_ids FROM turns WHERE episode_id = ? ORDER BY turn"""
 TOKEN_REWARDS_SQL = "SELECT position, reward FROM token_rewards WHERE spec_id = ? AND episode_id = ?"
 RUN_KIND_SQL = "SELECT kind FROM runs WHERE run_id = ?"
-#: an eval run's contamination (schemas/lineage_views.py), one row per env and split it evaluated
-HELD_OUT_SQL = """
-SELECT policy_id, env, split, tasks, contaminated_tasks, episodes, successes, success_rate, clean_tasks,
-       clean_episodes, clean_successes, clean_success_rate
-FROM eval_contamination WHERE eval_run = ? ORDER BY env, split
-"""
 
 
 def _rate(value, wins, n) -> str:
@@ -107,7 +102,7 @@ class Pages:
         return self.lake.query(sql, params, snapshot=self.snapshot)
 
     def specs(self) -> list[tuple[str, str]]:
-        return self.q("SELECT spec_id, name FROM reward_specs ORDER BY created_at, spec_id").rows()
+        return reward_spec_names(self.lake, snapshot=self.snapshot)
 
     def check_spec(self, spec: str | None) -> None:
         """A spec id someone asked for (a query parameter, --spec) must be one the lake has: an unknown one
@@ -176,7 +171,7 @@ class Pages:
         kind = self.q(RUN_KIND_SQL, [run_id])
         if not kind.height or kind.item() != "eval":
             return ""
-        rows = self.q(HELD_OUT_SQL, [run_id]).to_dicts()
+        rows = eval_contamination(self.lake, [run_id], snapshot=self.snapshot).to_dicts()  # per env and split
         if not rows:
             return "<p class=\"muted\" id=\"held-out\">held out: no played episodes to measure (env errors only)</p>"
         banners, lines = [], []
@@ -271,10 +266,9 @@ def _tokenizer_for(lake, snapshot: int, run_id: str | None, policy_id: str | Non
     candidates = []
     if config.height and config.item():
         candidates.append(json.loads(config.item()).get("tokenizer"))
-    pol = lake.query("SELECT checkpoint_uri, base_model FROM policies WHERE policy_id = ?", [policy_id],
-                     snapshot=snapshot)
-    if pol.height:
-        candidates += list(pol.row(0))
+    source = policy_source(lake, policy_id, snapshot=snapshot)
+    if source is not None:
+        candidates += [source.checkpoint_uri, source.base_model]
     if policy_id and policy_id.startswith(("hf:", "vllm:")):
         candidates.append(policy_id.split(":", 1)[1])
     for c in candidates:

@@ -1,14 +1,14 @@
 """Training batches read from the store: exact token sequences, loss masks, per-token rewards, groups.
 
 `load_episodes(lake, where, snapshot, spec_id)` reads, at a pinned snapshot, every episode matching a SQL
-filter over episodes columns (except those that ended in an env error, status `error`: a dead env server cut
-them short, so their outcome and reward say nothing about the policy; a resumed collect run replays them under
-new ids, and a GRPO group then holds the replays, not the failed attempts) and rebuilds its full token
-sequence from the stored ids (prompt + response ids per turn, in turn order; nothing is re-tokenized). The
-loss mask is 1 exactly on response ids. Rewards come from the `reward_spans` view of a spec (runs of equal
-per-token rewards; positions index the full sequence; `token_rewards` is its expansion, one row per token),
-behaviour log-probs are placed at the positions of the tokens they were sampled for (NaN where the policy gave
-none).
+filter over episodes columns (store.reads.training_turns: never those that ended in an env error, status
+`error`: a dead env server cut them short, so their outcome and reward say nothing about the policy; a resumed
+collect run replays them under new ids, and a GRPO group then holds the replays, not the failed attempts) and
+rebuilds its full token sequence from the stored ids (prompt + response ids per turn, in turn order; nothing is
+re-tokenized). The loss mask is 1 exactly on response ids. Rewards come from the `reward_spans` view of a spec
+(runs of equal per-token rewards; positions index the full sequence; `token_rewards` is its expansion, one row
+per token), behaviour log-probs are placed at the positions of the tokens they were sampled for (NaN where the
+policy gave none).
 
 `collate(seqs)` right-pads sequences into (B, T) tensors; `micro_batches(lengths, rows, size)` groups rows
 by length so a micro-batch pads little.
@@ -21,31 +21,9 @@ from dataclasses import dataclass, field
 
 import torch
 
-from trajlake.core.errors import SnapshotError, TrajlakeError
-from trajlake.store import Lake
+from trajlake.core.errors import TrajlakeError
+from trajlake.store import Lake, reads
 from trajlake.train.turn_structure import step_keys_from_observations, turn_index_from_lengths
-
-EPISODES_SQL = """
-WITH ep AS (SELECT * FROM episodes WHERE ({where}\n) AND status IS DISTINCT FROM 'error')
-SELECT ep.episode_id, ep.group_id, ep.task_id, ep.policy_id, coalesce(ep.success, false) AS success,
-       t.turn, t.observation, t.prompt_token_ids, t.response_token_ids, t.response_logprobs
-FROM ep JOIN turns t USING (episode_id)
-ORDER BY ep.episode_id, t.turn
-"""
-
-#: with a spec: the same rows plus each episode's total and reward spans (lists, repeated on each of its
-#: turns), in one query (one pinned read)
-SCORED_SQL = """
-WITH ep AS MATERIALIZED (SELECT * FROM episodes WHERE ({where}\n) AND status IS DISTINCT FROM 'error'),
-tot AS (SELECT episode_id, total FROM episode_rewards WHERE spec_id = ? AND episode_id IN (SELECT episode_id FROM ep)),
-rw AS (SELECT episode_id, list(position) AS positions, list(length) AS lengths, list(reward) AS rewards
-       FROM reward_spans WHERE spec_id = ? AND episode_id IN (SELECT episode_id FROM ep) GROUP BY episode_id)
-SELECT ep.episode_id, ep.group_id, ep.task_id, ep.policy_id, coalesce(ep.success, false) AS success,
-       t.turn, t.observation, t.prompt_token_ids, t.response_token_ids, t.response_logprobs,
-       tot.episode_id IS NOT NULL AS scored, tot.total, rw.positions, rw.lengths, rw.rewards
-FROM ep JOIN turns t USING (episode_id) LEFT JOIN tot USING (episode_id) LEFT JOIN rw USING (episode_id)
-ORDER BY ep.episode_id, t.turn
-"""
 
 
 @dataclass
@@ -67,38 +45,17 @@ class EpisodeSeq:
         return len(self.ids)
 
 
-COUNT_SQL = "SELECT count(*) AS n FROM episodes WHERE ({where}\n) AND status IS DISTINCT FROM 'error'"
-
-
 def check_episode_filter(lake: Lake, where: str, *, field: str, snapshot: int | None = None) -> int:
     """How many episodes (never those that ended in an env error) the filter `where` of a config's `field`
-    matches at `snapshot`. Raises ConfigError naming `field`, reading nothing else, when `where` is not one SQL
-    expression over episodes columns: a syntax error, a column episodes lacks, or a `;` that would run a
-    statement of its own (the filter is pasted into queries, and DuckDB runs every statement it is given)."""
-    import duckdb
-
-    from trajlake.store.sql_guard import UnsafeSQLError, check_filter
+    matches at `snapshot` (store.reads.check_episode_filter). Raises ConfigError naming `field`, reading nothing
+    else, when `where` is not one SQL expression over episodes columns."""
     from trajlake.train.config import ConfigError
 
     what = f"train config: {field}" if field.isidentifier() else field  # a config field, or a command's option
-
-    def refuse(reason: str) -> ConfigError:
-        return ConfigError(f"{what} {where!r} is not a SQL filter over episodes columns: {reason}")
-
     try:
-        duckdb.SQLExpression(where)  # parses one expression, or raises
-    except duckdb.Error as e:
-        raise refuse(str(e).strip().splitlines()[0]) from None
-    try:  # the filter runs on the connection that writes: no table function, catalog function or other table
-        check_filter(where, what)
-    except UnsafeSQLError as e:
+        return reads.check_episode_filter(lake, where, what=what, snapshot=snapshot)
+    except reads.EpisodeFilterError as e:
         raise ConfigError(str(e)) from None
-    try:
-        return int(lake.query(COUNT_SQL.format(where=where), snapshot=snapshot)["n"][0])
-    except SnapshotError:
-        raise
-    except TrajlakeError as e:
-        raise refuse(str(e).removeprefix("query failed: ")) from None
 
 
 def load_episodes(lake: Lake, where: str, *, snapshot: int, spec_id: str | None = None) -> list[EpisodeSeq]:
@@ -108,11 +65,7 @@ def load_episodes(lake: Lake, where: str, *, snapshot: int, spec_id: str | None 
     With `spec_id`, every episode must have been scored by that spec (its token rewards and total are
     filled in); episodes without any response token are left out (nothing to train on).
     """
-    if spec_id is None:
-        rows = lake.query(EPISODES_SQL.format(where=where), snapshot=snapshot, output="arrow").to_pylist()
-    else:
-        rows = lake.query(SCORED_SQL.format(where=where), [spec_id, spec_id], snapshot=snapshot,
-                          output="arrow").to_pylist()
+    rows = reads.training_turns(lake, where, snapshot=snapshot, spec_id=spec_id).to_pylist()
     seqs: dict[str, EpisodeSeq] = {}
     scored: dict[str, dict] = {}
     for r in rows:
@@ -139,7 +92,7 @@ def load_episodes(lake: Lake, where: str, *, snapshot: int, spec_id: str | None 
 
 
 def _attach_rewards(scored: dict[str, dict], snapshot: int, spec_id: str, seqs: list[EpisodeSeq]) -> None:
-    """Fill in each sequence's total and token rewards from its first row of SCORED_SQL."""
+    """Fill in each sequence's total and token rewards from its first row of `training_turns` with a spec."""
     missing = [s.episode_id for s in seqs if not scored[s.episode_id]["scored"]]
     if missing:
         raise TrajlakeError(f"{len(missing)} episodes (e.g. {missing[0]}) are not scored by spec {spec_id} at "
