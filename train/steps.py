@@ -1,14 +1,14 @@
 """One update over a batch: PPO/GRPO (`prepare` then `rl_update`) and SFT (`sft_update`).
 
-Every loss comes from the registries of train/algos.py by name. A mini-batch is split over the processes
-(rows dealt by length) and each share into length-bucketed micro-batches; every loss is aggregated with the
-token (or sequence) count of the whole mini-batch over all processes as its denominator, so the gradient
-of a mini-batch is the same whatever the number of processes and micro-batches.
+Every loss and estimator comes from the registries of train/algos/ by name. A mini-batch is split over the
+processes (rows dealt by length) and each share into length-bucketed micro-batches (train/microbatch.py);
+every loss is aggregated with the token (or sequence) count of the whole mini-batch over all processes as
+its denominator, so the gradient of a mini-batch is the same whatever the number of processes and
+micro-batches.
 """
 
 from __future__ import annotations
 
-import math
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -21,7 +21,6 @@ from trajlake.train import engine as E
 from trajlake.train import forward as FW
 from trajlake.train.algos import (
     ADVANTAGES,
-    AGG_MODES,
     POLICY_LOSSES,
     VALUE_LOSSES,
     aggregate,
@@ -29,9 +28,10 @@ from trajlake.train.algos import (
     kl_penalty,
     masked_mean,
 )
-from trajlake.train.batch import Batch, collate, micro_batches, shard
+from trajlake.train.batch import Batch, collate
 from trajlake.train.config import TrainConfig
 from trajlake.train.finite import check_update
+from trajlake.train.microbatch import Meter, denominator, micro_shares, per_token, take
 
 
 @dataclass
@@ -53,89 +53,6 @@ class Prepared:
     #: with `on_policy`: (sum, count) of behaviour - old over the rows not trained, for the behaviour_kl
     #: metric the update completes
     behaviour_kl_rest: tuple[float, float] = (0.0, 0.0)
-
-
-class Meter:
-    """Weighted sums of metrics, averaged over all processes at the end."""
-
-    def __init__(self):
-        self.sums: dict[str, float] = {}
-        self.weights: dict[str, float] = {}
-
-    def add(self, name: str, value, weight: float = 1.0) -> None:
-        v = float(value)
-        if math.isnan(v) or weight == 0:
-            return
-        self.sums[name] = self.sums.get(name, 0.0) + v * weight
-        self.weights[name] = self.weights.get(name, 0.0) + weight
-
-    def result(self) -> dict[str, float]:
-        keys = sorted(set().union(*D.all_gather(sorted(self.sums))))
-        flat = {f"s:{k}": self.sums.get(k, 0.0) for k in keys} | {f"w:{k}": self.weights.get(k, 0.0) for k in keys}
-        flat = D.all_mean(flat)
-        return {k: flat[f"s:{k}"] / flat[f"w:{k}"] for k in keys if flat[f"w:{k}"] > 0}
-
-
-def _take(x: torch.Tensor | None, idx: list[int], width: int) -> torch.Tensor | None:
-    return None if x is None else x[torch.as_tensor(idx, dtype=torch.long), :width].to(D.device())
-
-
-def _micro(batch: Batch, rows: list[int], cfg: TrainConfig, world: int, rank: int, share: bool = False):
-    """This process's micro-batches of `rows`: (sub-batch, its row indices); as many on every process (a
-    process short of rows runs a fully masked one-row micro-batch, so collectives line up). With `share`
-    (the forward reads a prefix common to a micro-batch's rows once), rows are grouped by group id instead
-    of by length alone when that makes less to compute (a GRPO group's samples share their prompt)."""
-    lengths = batch.lengths
-    per_rank = -(-len(rows) // world)
-    count = max(1, -(-per_rank // cfg.micro_batch))
-    mine = shard(rows, lengths, rank, world)
-    groups = micro_batches(lengths, mine, cfg.micro_batch, count)
-    if share and len(mine) > 1:
-        by_group = micro_batches(lengths, mine, cfg.micro_batch, count, keys=batch.group_ids)
-        if by_group != groups and _tokens_read(batch, by_group) < _tokens_read(batch, groups):
-            groups = by_group
-    for mb in groups:
-        if mb:
-            yield batch.rows(mb), mb
-        else:
-            sub = batch.rows([rows[0]], width=min(2, batch.input_ids.shape[1]))
-            sub.loss_mask = torch.zeros_like(sub.loss_mask)
-            yield sub, [rows[0]]
-
-
-def _tokens_read(batch: Batch, groups: list[list[int]]) -> int:
-    """Positions a forward pass computes over the micro-batches `groups` (padding included), a prefix
-    shared by a micro-batch's rows counted once."""
-    total = 0
-    for mb in groups:
-        if not mb:
-            continue
-        sub = batch.rows(mb)
-        width = sub.input_ids.shape[1]
-        prefix = FW.prefix_to_share(sub.input_ids, sub.attention_mask, sub.loss_mask)
-        total += prefix + len(mb) * (width - prefix)
-    return total
-
-
-def _denominator(batch: Batch, rows: list[int], cfg: TrainConfig, world: int) -> float:
-    m = batch.loss_mask[torch.as_tensor(rows, dtype=torch.long)]
-    return float(AGG_MODES[cfg.agg_mode].count(m)) / world  # tokens or sequences, as the mode divides by
-
-
-@torch.no_grad()
-def per_token(batch: Batch, cfg: TrainConfig, fn: Callable[[Batch], torch.Tensor], engines: E.Engines, *,
-              share: bool = False) -> torch.Tensor:
-    """`fn(sub_batch) -> (b, t)` over the whole batch, each process computing a share: (B, T) on every one.
-    `share`: `fn` reads a prefix shared by a micro-batch's rows once (see `_micro`)."""
-    out = torch.zeros(batch.input_ids.shape, dtype=torch.float32)
-    for sub, idx in _micro(batch, list(range(batch.size)), cfg, engines.world, engines.rank, share):
-        if sub.loss_mask.any():
-            out[torch.as_tensor(idx), :sub.input_ids.shape[1]] = fn(sub).float().cpu()
-        else:
-            fn(sub)  # keep ZeRO-3's collective forward passes in step
-    if engines.world > 1:
-        torch.distributed.all_reduce(out)
-    return out
 
 
 def old_logprobs_from_update(engines: E.Engines, batch: Batch, cfg: TrainConfig) -> bool:
@@ -260,13 +177,13 @@ def minibatch_step(engine, batch: Batch, rows: list[int], cfg: TrainConfig, engi
                    summed: tuple[str, ...] = ()) -> None:
     """One optimizer step of `engine` over the mini-batch `rows`: `micro_loss(sub, idx, denominator)` gives
     each micro-batch's (loss, metrics); the step's loss and gradient norm go to `meter`. `share`: the loss's
-    forward reads a prefix shared by a micro-batch's rows once (see `_micro`), and a prefix shared by the
+    forward reads a prefix shared by a micro-batch's rows once (see `micro_shares`), and a prefix shared by the
     whole mini-batch once for all micro-batches: then `micro_loss(sub, idx, denominator, context)`, and the
     prefix's share of the gradient goes back through its one pass before the step. `summed`: the metrics that
     are shares of the mini-batch's loss (the loss's `Loss.summed`), added up; the others are token means."""
     engine.train()
-    denom = _denominator(batch, rows, cfg, engines.world)
-    micro = list(_micro(batch, rows, cfg, engines.world, engines.rank, share))
+    denom = denominator(batch, rows, cfg, engines.world)
+    micro = list(micro_shares(batch, rows, cfg, engines.world, engines.rank, share))
     ctx = _context(engine, batch, rows, engines, len(micro)) if share else None
     sums = {"loss": 0.0}
     norm: float | None = None
@@ -345,17 +262,17 @@ def rl_update(engines: E.Engines, prep: Prepared, cfg: TrainConfig, kl_ctl, *, s
             if both.any():
                 meter.add("behaviour_kl", float((beh - old)[both].mean()), float(both.sum()))
         else:
-            old = _take(prep.old_logprobs, idx, w)
+            old = take(prep.old_logprobs, idx, w)
         return actor_loss_terms(lp, ent, mask, cfg, kl_ctl, denom, old_logprobs=old,
-                                advantages=_take(prep.advantages, idx, w),
-                                is_weights=_take(prep.is_weights, idx, w),
-                                ref_logprobs=_take(prep.ref_logprobs, idx, w))
+                                advantages=take(prep.advantages, idx, w),
+                                is_weights=take(prep.is_weights, idx, w),
+                                ref_logprobs=take(prep.ref_logprobs, idx, w))
 
     def critic_loss(sub: Batch, idx: list[int], denom: float):
         w, mask = w_of(sub), sub.loss_mask.to(D.device())
         v = FW.forward_values(engines.critic, sub.input_ids, sub.attention_mask)
         vl = VALUE_LOSSES[cfg.value_loss]
-        return vl(values=v, old_values=_take(prep.values, idx, w), returns=_take(prep.returns, idx, w), mask=mask,
+        return vl(values=v, old_values=take(prep.values, idx, w), returns=take(prep.returns, idx, w), mask=mask,
                   denominator=denom, **loss_kw, **vl.settings(cfg))
 
     gen = torch.Generator().manual_seed(seed)
