@@ -10,7 +10,7 @@ micro_batch = 0 was a ZeroDivisionError). Every message names the field and says
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING
+from typing import Any
 
 from trajlake.core.errors import TrajlakeError
 from trajlake.core.ids import InvalidIdError, check_id
@@ -19,8 +19,9 @@ from trajlake.train.algos.algorithms import ALGOS, DEFAULT_ADVANTAGE, RL_LOOP, S
 from trajlake.train.algos.turns import TURN_BASELINES
 from trajlake.train.trackers import TRACKERS
 
-if TYPE_CHECKING:
-    from trajlake.train.config import TrainConfig
+#: What the rules check: a trajlake.train.config.TrainConfig. That module imports this one to run them at
+#: construction, so it is not imported back (not even for the type checker: the two would need each other).
+CheckedConfig = Any
 
 DTYPES = ("fp32", "bf16")
 #: rollout_engine -> the policy scheme its replicas load
@@ -53,7 +54,7 @@ class ConfigError(TrajlakeError):
     """A train config is invalid; the message says which field and what to do."""
 
 
-def check_numbers(c: TrainConfig) -> None:
+def check_numbers(c: CheckedConfig) -> None:
     """Every number finite and in range, and the run id a safe id: before any rule compares or divides them."""
     import dataclasses
 
@@ -77,7 +78,7 @@ def check_numbers(c: TrainConfig) -> None:
         raise ConfigError(f"train config: {e}") from None
 
 
-def check_train_config(c: TrainConfig) -> None:
+def check_train_config(c: CheckedConfig) -> None:
     """Every rule of a TrainConfig (its field types and RolloutConfig's rules were checked before)."""
     from trajlake.collect.envs.base import SPLITS
 
@@ -151,7 +152,7 @@ def check_train_config(c: TrainConfig) -> None:
                           f"got {c.samples}")
 
 
-def _check_advantage(c: TrainConfig, adv: str) -> None:
+def _check_advantage(c: CheckedConfig, adv: str) -> None:
     """The estimator fits the algo, as their registry entries say: a critic for exactly the estimators that
     read one."""
     algo, estimator = ALGOS[c.algo], ADVANTAGES[adv]
@@ -166,7 +167,7 @@ def _check_advantage(c: TrainConfig, adv: str) -> None:
                       f"{' or '.join(algos_accepting(estimator)) or 'one with needs_critic'}")
 
 
-def _check_stored_data(c: TrainConfig) -> None:
+def _check_stored_data(c: CheckedConfig) -> None:
     """train_filter's and replay's rules: RL only, one off-policy correction, their settings together."""
     if not 0 <= c.replay_ratio < 1 or c.replay_staleness < 1:
         raise ConfigError(f"train config: replay_ratio must be in [0, 1) and replay_staleness >= 1, got "
@@ -197,7 +198,7 @@ def _check_stored_data(c: TrainConfig) -> None:
                           "importance weights with is_cap (e.g. 2.0)")
 
 
-def _check_horizon(c: TrainConfig) -> None:
+def _check_horizon(c: CheckedConfig) -> None:
     """The horizon curriculum's rules: it starts within max_turns, and caps rollouts the run collects."""
     if c.horizon_start == 0:
         if c.horizon_every != 1:
@@ -213,14 +214,14 @@ def _check_horizon(c: TrainConfig) -> None:
                           "played); leave it at 0")
 
 
-def _check_env(c: TrainConfig) -> None:
+def _check_env(c: CheckedConfig) -> None:
     """An env that plays an AgentGym server has its URL wherever episodes are played (SFT without evals
     plays none)."""
     if not _supervised(c) or c.eval_every > 0:
         c.check_env_url()
 
 
-def _supervised(c: TrainConfig) -> bool:
+def _supervised(c: CheckedConfig) -> bool:
     """Whether the config's algo runs in the SFT loop (trains on stored episodes' tokens, plays no rollouts)."""
     return ALGOS[c.algo].loop == SFT_LOOP
 
