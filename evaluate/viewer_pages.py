@@ -12,7 +12,6 @@ format flag, step reward and info. Two episodes, or one episode under two specs,
 
 from __future__ import annotations
 
-import json
 from functools import lru_cache
 
 from trajlake.core.errors import TrajlakeError
@@ -20,6 +19,7 @@ from trajlake.core.ids import path_component
 from trajlake.evaluate.metrics import held_out_label
 from trajlake.evaluate.viewer_html import attrs, esc, link, page, url_part
 from trajlake.store.reads import eval_contamination, policy_source, reward_spec_names
+from trajlake.store.runs import stored as stored_run
 
 RUNS_SQL = """
 SELECT r.run_id, r.kind, r.status, r.parent_run_id, count(e.episode_id) AS episodes,
@@ -46,7 +46,6 @@ WINDOW g AS (PARTITION BY e.group_id)
 TURNS_SQL = """SELECT turn, observation, action_text, action, format_ok, step_reward, done, info::VARCHAR AS info,
 prompt_token_ids, response_token_ids FROM turns WHERE episode_id = ? ORDER BY turn"""
 TOKEN_REWARDS_SQL = "SELECT position, reward FROM token_rewards WHERE spec_id = ? AND episode_id = ?"
-RUN_KIND_SQL = "SELECT kind FROM runs WHERE run_id = ?"
 
 
 def _rate(value, wins, n) -> str:
@@ -168,8 +167,8 @@ class Pages:
         split, the evaluated policy's tasks that share a task id or goal with what its lineage trained on, its
         success and the success on the clean tasks, labelled by `held_out_label`. A run whose tasks are not all
         clean opens with that label in a banner, so its success is not read as a held-out number."""
-        kind = self.q(RUN_KIND_SQL, [run_id])
-        if not kind.height or kind.item() != "eval":
+        run = stored_run(self.lake, run_id, snapshot=self.snapshot)
+        if run is None or run.kind != "eval":
             return ""
         rows = eval_contamination(self.lake, [run_id], snapshot=self.snapshot).to_dicts()  # per env and split
         if not rows:
@@ -262,10 +261,10 @@ def _tokenizer_for(lake, snapshot: int, run_id: str | None, policy_id: str | Non
     checkpoint or base model; None when none of them loads (the reply is then shown as text)."""
     from trajlake.lm.load import load_tokenizer
 
-    config = lake.query("SELECT config::VARCHAR FROM runs WHERE run_id = ?", [run_id], snapshot=snapshot)
+    run = stored_run(lake, run_id, snapshot=snapshot) if run_id is not None else None
     candidates = []
-    if config.height and config.item():
-        candidates.append(json.loads(config.item()).get("tokenizer"))
+    if run is not None and run.config:
+        candidates.append(run.config.get("tokenizer"))
     source = policy_source(lake, policy_id, snapshot=snapshot)
     if source is not None:
         candidates += [source.checkpoint_uri, source.base_model]
