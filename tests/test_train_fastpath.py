@@ -97,7 +97,8 @@ def test_micro_batches_by_key_keep_groups_together():
 def _step(cfg, model, seqs, monkeypatch=None, *, fast: bool):
     if monkeypatch is not None and not fast:
         monkeypatch.setattr(S, "old_logprobs_from_update", lambda *a: False)
-        monkeypatch.setattr(FW, "can_share_prefix", lambda m: False)
+        for module in (FW, S):  # forward.py's own check and the update's
+            monkeypatch.setattr(module, "can_share_prefix", lambda m: False)
     eng = E.build_engines(cfg, str(model))
     kl = make_kl_controller("fixed", 0.0)
     prep, m1 = S.prepare(eng, collate(seqs, eng.pad_id), cfg, kl)
@@ -138,7 +139,7 @@ def test_prefix_of_the_whole_minibatch_is_read_once(model, monkeypatch):
     seqs = grouped(4, 4, scores=[0, 1, 0, 1] * 4, seed=3)
     cfg = small_cfg(model, minibatch_size=16, micro_batch=4, lr=1e-3)
     made, read = [], []
-    monkeypatch.setattr(FW, "prefix_context", lambda *a, _f=FW.prefix_context: made.append(1) or _f(*a))
+    monkeypatch.setattr(S, "prefix_context", lambda *a, _f=FW.prefix_context: made.append(1) or _f(*a))
     monkeypatch.setattr(FW, "_prefix_forward",
                         lambda *a, _f=FW._prefix_forward: read.append(a[-1] is not None) or _f(*a))
     _, fast, p_fast = _step(cfg, model, seqs, fast=True)
@@ -155,7 +156,8 @@ def test_sft_step_with_shared_prefixes_matches(model, monkeypatch):
     results = []
     for fast in (True, False):
         if not fast:
-            monkeypatch.setattr(FW, "can_share_prefix", lambda m: False)
+            for module in (FW, S):
+                monkeypatch.setattr(module, "can_share_prefix", lambda m: False)
         cfg = small_cfg(model, algo="sft", minibatch_size=6, micro_batch=2, lr=1e-3)
         eng = E.build_engines(cfg, str(model))
         m = S.sft_update(eng, collate(seqs, eng.pad_id), list(range(6)), cfg)

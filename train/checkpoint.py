@@ -27,8 +27,8 @@ from trajlake.core.ids import path_component
 from trajlake.schemas import Policy as PolicyRow
 from trajlake.schemas import TrainStep
 from trajlake.store import Lake
-from trajlake.train import distributed as D
-from trajlake.train import engine as E
+from trajlake.train.distributed import barrier, is_main
+from trajlake.train.engine import Engines
 
 STATE_FILE = "trainer_state.json"
 DS_DIR = "deepspeed"
@@ -53,27 +53,27 @@ def checkpoint_path(checkpoint_dir: str | Path, run_id: str, step: int) -> Path:
     return path
 
 
-def save(engines: E.Engines, path: Path, *, state: dict[str, Any], save_optimizer: bool) -> None:
+def save(engines: Engines, path: Path, *, state: dict[str, Any], save_optimizer: bool) -> None:
     """Write the checkpoint folder (every rank must call: gathering weights and DeepSpeed saves are collective)."""
     actor = engines.actor
-    if D.is_main():
+    if is_main():
         path.mkdir(parents=True, exist_ok=True)
-    D.barrier()
+    barrier()
     if actor.zero_optimization_stage() == 3:
         sd = actor._zero3_consolidated_16bit_state_dict()  # collective; the full state dict on rank 0
-        if D.is_main():
+        if is_main():
             actor.module.save_pretrained(path, state_dict=sd, safe_serialization=True)
-    elif D.is_main():
+    elif is_main():
         actor.module.save_pretrained(path, safe_serialization=True)
-    if D.is_main():
+    if is_main():
         engines.tokenizer.save_pretrained(path)
     if save_optimizer:
         actor.save_checkpoint(str(path / DS_DIR), tag="actor", save_latest=False)
         if engines.critic is not None:
             engines.critic.save_checkpoint(str(path / DS_DIR), tag="critic", save_latest=False)
-    if D.is_main():
+    if is_main():
         (path / STATE_FILE).write_text(json.dumps(state, indent=1))
-    D.barrier()
+    barrier()
 
 
 def machine_state(world: int) -> dict[str, Any]:
@@ -83,7 +83,7 @@ def machine_state(world: int) -> dict[str, Any]:
     return {"torch": torch.__version__, "threads": torch.get_num_threads(), "world": world}
 
 
-def load_state(engines: E.Engines, path: str | Path) -> dict[str, Any]:
+def load_state(engines: Engines, path: str | Path) -> dict[str, Any]:
     """Restore the DeepSpeed state saved with a checkpoint (when there is one); returns the trainer state."""
     path = Path(path)
     ds = path / DS_DIR

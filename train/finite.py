@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from trajlake.core.errors import TrajlakeError
-from trajlake.train import distributed as D
+from trajlake.train.distributed import all_mean
 
 if TYPE_CHECKING:
     from trajlake.train.config import TrainConfig
@@ -73,7 +73,7 @@ def check_update(engine, *, loss: float, grad_norm: float | None, prefix: str = 
         "gradient norm": grad_norm is not None and not math.isfinite(grad_norm),
         "weights": not weights_finite(engine),
     }
-    anywhere = D.all_mean({k: float(v) for k, v in bad.items()})  # > 0 where any process saw one
+    anywhere = all_mean({k: float(v) for k, v in bad.items()})  # > 0 where any process saw one
     for what in CHECKED:
         if anywhere[what] > 0:
             value = local.get(what) if bad[what] else None

@@ -21,15 +21,15 @@ from typing import Any
 import torch
 
 from trajlake.core.errors import TrajlakeError
-from trajlake.core.sql_text import sql_str
 from trajlake.store import Lake
-from trajlake.train import distributed as D
 from trajlake.train.algos import ADVANTAGES, ALGOS, SFT_LOOP, make_kl_controller
 from trajlake.train.batch import check_episode_filter, collate, load_episodes
 from trajlake.train.config import ConfigError, TrainConfig
+from trajlake.train.distributed import barrier, broadcast, init_distributed
+from trajlake.train.episode_sources import FreshRollouts, IterationEpisodes, StoredRollouts
 from trajlake.train.finite import NonFiniteError
-from trajlake.train.progress import NO_SIGNAL_WARN, TrainProgress, no_signal_cause
-from trajlake.train.rollouts import collect_run, eval_config, evaluate, rollout_config
+from trajlake.train.progress import NoSignalStreak, TrainProgress
+from trajlake.train.rollouts import eval_config, evaluate, rollout_config
 from trajlake.train.steps import iteration_update, sft_update
 from trajlake.train.train_run import TrainRun, on_main
 
@@ -49,27 +49,13 @@ def train(config: TrainConfig, lake: Lake | None) -> RunResult:
     if ALGOS[config.algo].loop == SFT_LOOP:
         return sft(config, lake)
     from trajlake.rewards import default_spec, load_spec
-    from trajlake.rewards.score import score
-    from trajlake.train.replay import check_train_filter, replay_filter, stored_data
+    from trajlake.train.stored_rollouts import stored_data
 
     c = config
     spec = load_spec(c.reward_spec) if c.reward_spec else default_spec()
     r = TrainRun(config, lake, "train", spec_id=spec.spec_id)
 
-    def check_collect() -> None:  # collect's own checks of the rollouts' and evals' settings, before any write
-        rollout_config(r, r.policy_id, 0)
-        if c.eval_every:
-            eval_config(r, r.policy_id, 0)
-
-    on_main(r.main, check_collect)
-    if c.train_filter:
-        on_main(r.main, lambda: check_train_filter(r.lake, c))  # reads only, before any write
-    if c.replay_filter:
-        on_main(r.main, lambda: check_episode_filter(r.lake, c.replay_filter, field="replay_filter"))
-    if ADVANTAGES[c.advantage_name].turn_level and spec.allocation.strategy == "discounted":
-        raise ConfigError(f"train config: advantage {c.advantage_name} discounts across turns itself (gamma); the "
-                          f"reward_spec {spec.name} discounts them in its allocation too: use allocation last_token "
-                          "or per_turn")
+    check_before_writing(r, spec)
     algo = ALGOS[c.algo]
     engines = r.build(critic=algo.needs_critic, ref=algo.needs_reference(c))
     kl_ctl = make_kl_controller(c.kl_controller, c.kl_coef, c.kl_target, c.kl_horizon)
@@ -86,7 +72,8 @@ def train(config: TrainConfig, lake: Lake | None) -> RunResult:
         r.release()
         raise
     result = RunResult(r.run_id, r.policy_id, r.step)
-    no_signal = 0  # iterations in a row whose update had no learning signal
+    source = StoredRollouts(r, data, spec) if data is not None else FreshRollouts(r, engines, spec)
+    streak = NoSignalStreak(c.temperature)
     try:
         with TrainProgress(c.iterations, enabled=c.progress and r.main, run_id=r.run_id, done=r.step) as bar:
             if r.step == 0 and c.eval_every:
@@ -97,57 +84,28 @@ def train(config: TrainConfig, lake: Lake | None) -> RunResult:
             while r.step < c.iterations:
                 it = r.step
                 t0 = time.perf_counter()
-                payload = None
-                if r.main and data is None:  # fresh rollouts of the current policy, scored
-                    crun = collect_run(r, engines, r.policy_id, r.model_path, rollout_config(r, r.policy_id, it))
-                    where = f"run_id = {sql_str(crun)}"
-                    score(r.lake, spec, where=where, run_id=r.run_id)
-                    snap = r.lake.current_snapshot()
-                    seqs = load_episodes(r.lake, where, snapshot=snap, spec_id=spec.spec_id)
-                    replay = replay_filter(c, r.run_id, it, r.lake, snap)  # earlier rollouts mixed in, if asked
-                    replayed = load_episodes(r.lake, replay, snapshot=snap, spec_id=spec.spec_id) if replay else []
-                    where = f"({where}\n) OR ({replay}\n)" if replay else where
-                    # in episode_id order, as one load of `where` gives them: a replay of the step gets this batch
-                    payload = (snap, where, sorted(seqs + replayed, key=lambda s: s.episode_id), len(replayed))
-                elif r.main:  # this iteration's groups of the stored rollouts
-                    where = data.iteration_filter(it, c.tasks)
-                    seqs = load_episodes(r.lake, where, snapshot=data.snapshot, spec_id=spec.spec_id)
-                    payload = (data.snapshot, where, seqs, len(seqs))
-                snap, where, seqs, n_replayed = D.broadcast(payload)
-                if not seqs:
+                got: IterationEpisodes = broadcast(source.episodes(it) if r.main else None)
+                if not got.seqs:
                     raise TrajlakeError(f"iteration {it + 1}: the rollouts produced no agent tokens to train on")
                 t1 = time.perf_counter()
                 try:
-                    batch, m_upd = iteration_update(engines, seqs, c, kl_ctl, it)
+                    batch, m_upd = iteration_update(engines, got.seqs, c, kl_ctl, it)
                 except NonFiniteError as e:  # before its checkpoint: nothing of the iteration is stored
                     raise e.stopped(r.run_id, f"iteration {it + 1}", c) from None
-                t2 = time.perf_counter()
-                agent_tokens = int(batch.loss_mask.sum())
-                metrics = {"iteration": it + 1, "episodes": batch.size, "reward_mean": float(batch.scores.mean()),
-                           "reward_std": float(batch.scores.std()) if batch.size > 1 else 0.0,
-                           "success_mean": float(batch.success.float().mean()), "agent_tokens": agent_tokens,
-                           "collect_s": t1 - t0, "update_s": t2 - t1,
-                           "rollout_tokens_per_s": agent_tokens / max(t1 - t0, 1e-9), **m_upd}
-                # lineage: the episodes this step trained on are `episodes_where` at snapshot_read (the query; the
-                # row's episode_ids lists them), scored by the row's spec_id
-                metrics.update(episodes_where=where, replayed=n_replayed / len(seqs))
+                metrics = iteration_metrics(it, batch, m_upd, got, collect_s=t1 - t0, update_s=time.perf_counter() - t1)
                 if data is not None:  # the stored groups too small to use
                     metrics.update(groups_left_out=data.small_groups)
-                no_signal = no_signal + 1 if metrics.get("signal_rows", 1.0) == 0 else 0
-                metrics["no_signal_streak"] = no_signal
-                if no_signal >= NO_SIGNAL_WARN:
-                    metrics["warning"] = (f"{no_signal} iterations in a row without a learning signal (every "
-                                          f"advantage 0, nothing trained): {no_signal_cause(metrics, c.temperature)}")
-                    if r.main:
-                        bar.warn(metrics["warning"])
+                warning = streak.update(metrics)
+                if warning and r.main:
+                    bar.warn(warning)
                 r.step = it + 1
                 row, path = r.checkpoint(engines, {"step": r.step, "kl_controller": kl_ctl.state_dict()})
                 if c.eval_every and (r.step % c.eval_every == 0 or r.step == c.iterations):
                     metrics.update(evaluate(r, engines, row.policy_id, str(path), r.step))
                 if r.main:
-                    r.commit(step=r.step, metrics=metrics, snapshot_read=snap, policy=row, spec_id=spec.spec_id,
-                             episode_ids=tuple(s.episode_id for s in seqs))
-                D.barrier()
+                    r.commit(step=r.step, metrics=metrics, snapshot_read=got.snapshot, policy=row,
+                             spec_id=spec.spec_id, episode_ids=tuple(s.episode_id for s in got.seqs))
+                barrier()
                 r.policy_id, r.model_path = row.policy_id, str(path)
                 result.policy_id, result.step = r.policy_id, r.step
                 result.history.append(metrics)
@@ -157,6 +115,40 @@ def train(config: TrainConfig, lake: Lake | None) -> RunResult:
         r.fail(e)
         raise
     return result
+
+
+def check_before_writing(r: TrainRun, spec) -> None:
+    """Every check of an RL run that reads the store, before its first write: collect's own checks of the
+    rollouts' and evals' settings, the train and replay filters, and an estimator that discounts across turns
+    under a spec that discounts too."""
+    from trajlake.train.stored_rollouts import check_train_filter
+
+    c = r.cfg
+    on_main(r.main, lambda: rollout_config(r, r.policy_id, 0))
+    if c.eval_every:
+        on_main(r.main, lambda: eval_config(r, r.policy_id, 0))
+    if c.train_filter:
+        on_main(r.main, lambda: check_train_filter(r.lake, c))
+    if c.replay_filter:
+        on_main(r.main, lambda: check_episode_filter(r.lake, c.replay_filter, field="replay_filter"))
+    if ADVANTAGES[c.advantage_name].turn_level and spec.allocation.strategy == "discounted":
+        raise ConfigError(f"train config: advantage {c.advantage_name} discounts across turns itself (gamma); the "
+                          f"reward_spec {spec.name} discounts them in its allocation too: use allocation last_token "
+                          "or per_turn")
+
+
+def iteration_metrics(it: int, batch, update: dict[str, float], got: IterationEpisodes, *, collect_s: float,
+                      update_s: float) -> dict[str, Any]:
+    """An RL iteration's train_steps metrics: the batch's rewards and success, its agent tokens, the times of
+    the rollouts and the update, the update's own metrics, and its lineage (`episodes_where`: the query that
+    selects the episodes it trained on at the row's snapshot_read; the row's episode_ids lists them)."""
+    agent_tokens = int(batch.loss_mask.sum())
+    return {"iteration": it + 1, "episodes": batch.size, "reward_mean": float(batch.scores.mean()),
+            "reward_std": float(batch.scores.std()) if batch.size > 1 else 0.0,
+            "success_mean": float(batch.success.float().mean()), "agent_tokens": agent_tokens,
+            "collect_s": collect_s, "update_s": update_s,
+            "rollout_tokens_per_s": agent_tokens / max(collect_s, 1e-9), **update,
+            "episodes_where": got.where, "replayed": got.replayed / len(got.seqs)}
 
 
 def sft(config: TrainConfig, lake: Lake | None) -> RunResult:
@@ -231,7 +223,7 @@ def sft(config: TrainConfig, lake: Lake | None) -> RunResult:
 
 def run(config: TrainConfig, lake_uri: str | None = None) -> RunResult:
     """Entry point of `trajlake train` and `python -m trajlake.train`: opens the lake on rank 0 only."""
-    rank, _ = D.init_distributed()
+    rank, _ = init_distributed()
     lake = Lake.open(lake_uri) if rank == 0 else None
     try:
         return train(config, lake)

@@ -10,12 +10,12 @@ from collections.abc import Callable
 
 import torch
 
-from trajlake.train import distributed as D
-from trajlake.train import engine as E
-from trajlake.train import forward as FW
 from trajlake.train.algos import AGG_MODES
 from trajlake.train.batch import Batch, micro_batches, shard
 from trajlake.train.config import TrainConfig
+from trajlake.train.distributed import all_gather, all_mean, device
+from trajlake.train.engine import Engines
+from trajlake.train.forward import prefix_to_share
 
 
 class Meter:
@@ -33,16 +33,16 @@ class Meter:
         self.weights[name] = self.weights.get(name, 0.0) + weight
 
     def result(self) -> dict[str, float]:
-        keys = sorted(set().union(*D.all_gather(sorted(self.sums))))
+        keys = sorted(set().union(*all_gather(sorted(self.sums))))
         flat = {f"s:{k}": self.sums.get(k, 0.0) for k in keys} | {f"w:{k}": self.weights.get(k, 0.0) for k in keys}
-        flat = D.all_mean(flat)
+        flat = all_mean(flat)
         return {k: flat[f"s:{k}"] / flat[f"w:{k}"] for k in keys if flat[f"w:{k}"] > 0}
 
 
 def take(x: torch.Tensor | None, idx: list[int], width: int) -> torch.Tensor | None:
     """Rows `idx` of a (B, T) tensor of the whole batch cut to a micro-batch's `width`: (len(idx), width), on
     this process's device; None stays None."""
-    return None if x is None else x[torch.as_tensor(idx, dtype=torch.long), :width].to(D.device())
+    return None if x is None else x[torch.as_tensor(idx, dtype=torch.long), :width].to(device())
 
 
 def micro_shares(batch: Batch, rows: list[int], cfg: TrainConfig, world: int, rank: int, share: bool = False):
@@ -77,7 +77,7 @@ def tokens_read(batch: Batch, groups: list[list[int]]) -> int:
             continue
         sub = batch.rows(mb)
         width = sub.input_ids.shape[1]
-        prefix = FW.prefix_to_share(sub.input_ids, sub.attention_mask, sub.loss_mask)
+        prefix = prefix_to_share(sub.input_ids, sub.attention_mask, sub.loss_mask)
         total += prefix + len(mb) * (width - prefix)
     return total
 
@@ -88,7 +88,7 @@ def denominator(batch: Batch, rows: list[int], cfg: TrainConfig, world: int) -> 
 
 
 @torch.no_grad()
-def per_token(batch: Batch, cfg: TrainConfig, fn: Callable[[Batch], torch.Tensor], engines: E.Engines, *,
+def per_token(batch: Batch, cfg: TrainConfig, fn: Callable[[Batch], torch.Tensor], engines: Engines, *,
               share: bool = False) -> torch.Tensor:
     """`fn(sub_batch) -> (b, t)` over the whole batch, each process computing a share: (B, T) on every one.
     `share`: `fn` reads a prefix shared by a micro-batch's rows once (see `micro_shares`)."""

@@ -35,6 +35,24 @@ def no_signal_cause(metrics: dict, temperature: float) -> str:
             "samples per task, or use a reward that tells episodes apart")
 
 
+class NoSignalStreak:
+    """Counts the iterations in a row whose update had no learning signal (every advantage 0) and, from the
+    NO_SIGNAL_WARN-th on, says why in the iteration's metrics (`no_signal_streak`, `warning`)."""
+
+    def __init__(self, temperature: float) -> None:
+        self.temperature, self.count = temperature, 0
+
+    def update(self, metrics: dict) -> str | None:
+        """Record `metrics`' iteration; the warning added to them, if any."""
+        self.count = self.count + 1 if metrics.get("signal_rows", 1.0) == 0 else 0
+        metrics["no_signal_streak"] = self.count
+        if self.count < NO_SIGNAL_WARN:
+            return None
+        metrics["warning"] = (f"{self.count} iterations in a row without a learning signal (every advantage 0, "
+                              f"nothing trained): {no_signal_cause(metrics, self.temperature)}")
+        return metrics["warning"]
+
+
 def _fmt(v: float) -> str:
     return f"{v:,.0f}" if abs(v) >= 1000 else f"{v:.3g}"
 

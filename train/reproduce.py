@@ -22,11 +22,11 @@ import torch
 
 from trajlake.core.errors import TrajlakeError
 from trajlake.store import Lake, runs
-from trajlake.train import checkpoint as C
-from trajlake.train import engine as E
 from trajlake.train.algos import ALGOS, SFT_LOOP, make_kl_controller
 from trajlake.train.batch import load_episodes
+from trajlake.train.checkpoint import DS_DIR, STATE_FILE, load_state, machine_state, resolve_model
 from trajlake.train.config import FIELDS, config_from_dict
+from trajlake.train.engine import build_engines
 from trajlake.train.steps import iteration_update
 
 STEP_SQL = """
@@ -100,7 +100,7 @@ def _start_path(lake: Lake, stored: dict[str, Any], run_id: str) -> str:
     pid = stored.get("start_policy")
     if not pid:
         raise ReplayError(f"run {run_id}'s stored config names no start_policy (a run from an older trajlake)")
-    path, *_ = C.resolve_model(lake, pid if pid.startswith("hf:") else f"policy:{pid}")
+    path, *_ = resolve_model(lake, pid if pid.startswith("hf:") else f"policy:{pid}")
     return path
 
 
@@ -126,7 +126,7 @@ def _checkpoint(row: dict[str, Any], run_id: str, *, optimizer: bool) -> Path:
     path = Path(uri) if uri else None
     if path is None or not (path / "config.json").is_file():
         raise ReplayError(f"the checkpoint of step {row['step']} of run {run_id} is not on disk ({uri})")
-    if optimizer and not (path / C.DS_DIR / "actor").is_dir():
+    if optimizer and not (path / DS_DIR / "actor").is_dir():
         raise ReplayError(f"checkpoint {path} holds no optimizer state (the run had save_optimizer = false), so "
                           f"step {row['step'] + 1} cannot be recomputed exactly; step 1 can, from the start policy")
     return path
@@ -183,18 +183,18 @@ def replay_step(lake: Lake, run_id: str, step: int) -> StepReplay:
         raise ReplayError(f"step {step} of run {run_id} trained on {len(this['episode_ids'])} episodes; its "
                           f"episodes_where reads {len(seqs)} others or in another order at snapshot {snap} now")
     algo = ALGOS[cfg.algo]
-    engines = E.build_engines(cfg, str(prev_path or start), critic=algo.needs_critic, ref=algo.needs_reference(cfg),
+    engines = build_engines(cfg, str(prev_path or start), critic=algo.needs_critic, ref=algo.needs_reference(cfg),
                               ref_path=start, critic_path=start)
-    state = C.load_state(engines, prev_path) if prev_path is not None else {}
+    state = load_state(engines, prev_path) if prev_path is not None else {}
     kl_ctl = make_kl_controller(cfg.kl_controller, cfg.kl_coef, cfg.kl_target, cfg.kl_horizon)
     if "kl_controller" in state:
         kl_ctl.load_state_dict(state["kl_controller"])
     iteration_update(engines, seqs, cfg, kl_ctl, step - 1)
     stored_weights = _weights(target)
     differing, worst, name = compare(engines.actor, stored_weights)
-    recorded_file = target / C.STATE_FILE
+    recorded_file = target / STATE_FILE
     recorded = json.loads(recorded_file.read_text()) if recorded_file.is_file() else {}
-    machine = C.machine_state(engines.world)
+    machine = machine_state(engines.world)
     return StepReplay(run_id, step, str(target), len(seqs), snap, spec_id, len(stored_weights), differing, worst,
                       name, machine, {k: recorded[k] for k in machine if k in recorded})
 

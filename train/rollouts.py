@@ -6,12 +6,12 @@ new checkpoint is loaded. Only rank 0 plays; the others wait for what it stored.
 from __future__ import annotations
 
 from trajlake.core.errors import TrajlakeError
-from trajlake.train import distributed as D
-from trajlake.train import engine as E
+from trajlake.train.distributed import broadcast, device
+from trajlake.train.engine import Engines
 from trajlake.train.train_run import TrainRun
 
 
-def _in_memory_policy(engines: E.Engines, policy_id: str, path: str):
+def _in_memory_policy(engines: Engines, policy_id: str, path: str):
     """The actor as a collect policy without a round trip through disk (ZeRO 0-2: rank 0 holds every weight);
     None under ZeRO-3 (collect then loads the checkpoint)."""
     if engines.actor.zero_optimization_stage() == 3:
@@ -19,7 +19,7 @@ def _in_memory_policy(engines: E.Engines, policy_id: str, path: str):
     from trajlake.collect.policies.hf import HFPolicy
 
     return HFPolicy(path, policy_id=policy_id, model=engines.actor.module, tokenizer=engines.tokenizer,
-                    device=str(D.device()))
+                    device=str(device()))
 
 
 def rotation_offset(iteration: int, tasks: int, split_size: int | None) -> int:
@@ -89,7 +89,7 @@ def _engine_policy(r: TrainRun, policy_id: str, path: str):
     return r.rollout
 
 
-def collect_run(r: TrainRun, engines: E.Engines, policy_id: str, path: str, cc) -> str:
+def collect_run(r: TrainRun, engines: Engines, policy_id: str, path: str, cc) -> str:
     """Rank 0 plays the collect run `cc` with the actor (or its replicas) into the store; returns its run id."""
     from trajlake.collect.rollout import EnvErrorsOnly, collect
 
@@ -106,11 +106,11 @@ def collect_run(r: TrainRun, engines: E.Engines, policy_id: str, path: str, cc) 
             policy.close()
 
 
-def evaluate(r: TrainRun, engines: E.Engines, policy_id: str, path: str, step: int) -> dict[str, float]:
+def evaluate(r: TrainRun, engines: Engines, policy_id: str, path: str, step: int) -> dict[str, float]:
     """Greedy episodes on held-out tasks (rank 0); success rate and mean env reward, on every rank."""
     from trajlake.evaluate.run import success_rate
 
     out = None
     if r.main:
         out = success_rate(r.lake, collect_run(r, engines, policy_id, path, eval_config(r, policy_id, step)))
-    return D.broadcast(out)
+    return broadcast(out)

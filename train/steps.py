@@ -16,9 +16,6 @@ from dataclasses import dataclass
 import torch
 
 from trajlake.core.errors import TrajlakeError
-from trajlake.train import distributed as D
-from trajlake.train import engine as E
-from trajlake.train import forward as FW
 from trajlake.train.algos import (
     ADVANTAGES,
     POLICY_LOSSES,
@@ -30,7 +27,19 @@ from trajlake.train.algos import (
 )
 from trajlake.train.batch import Batch, collate
 from trajlake.train.config import TrainConfig
+from trajlake.train.distributed import device
+from trajlake.train.engine import Engines, optimizer_step
 from trajlake.train.finite import check_update
+from trajlake.train.forward import (
+    Context,
+    can_share_prefix,
+    context_loss,
+    first_scored,
+    forward_logprobs,
+    forward_values,
+    prefix_context,
+    prefix_to_share,
+)
 from trajlake.train.microbatch import Meter, denominator, micro_shares, per_token, take
 
 
@@ -55,7 +64,7 @@ class Prepared:
     behaviour_kl_rest: tuple[float, float] = (0.0, 0.0)
 
 
-def old_logprobs_from_update(engines: E.Engines, batch: Batch, cfg: TrainConfig) -> bool:
+def old_logprobs_from_update(engines: Engines, batch: Batch, cfg: TrainConfig) -> bool:
     """The on-policy shortcut: whether pi_old (old_logprobs = recompute: a forward pass over the batch before
     the update) is exactly the actor as the update finds it, so the update's own log-probs (detached) can
     stand for it and that pass is saved (`Prepared.on_policy`). It is for one epoch whose actor rows fit one
@@ -75,11 +84,11 @@ def old_logprobs_from_update(engines: E.Engines, batch: Batch, cfg: TrainConfig)
                    and v > 0 for k, v in items)
 
 
-def _old_logprobs(engines: E.Engines, batch: Batch, cfg: TrainConfig) -> torch.Tensor:
-    share = FW.can_share_prefix(engines.actor)
-    return per_token(batch, cfg, lambda s: FW.forward_logprobs(engines.actor, s.input_ids, s.attention_mask,
+def _old_logprobs(engines: Engines, batch: Batch, cfg: TrainConfig) -> torch.Tensor:
+    share = can_share_prefix(engines.actor)
+    return per_token(batch, cfg, lambda s: forward_logprobs(engines.actor, s.input_ids, s.attention_mask,
                                                                temperature=cfg.temperature,
-                                                               start=FW.first_scored(s.loss_mask),
+                                                               start=first_scored(s.loss_mask),
                                                                share_prefix=share)[0], engines, share=share)
 
 
@@ -93,7 +102,7 @@ def turn_inputs(name: str, batch: Batch, cfg: TrainConfig) -> dict:
     return {**{k: getattr(batch, k) for k in estimator.turn_inputs}, **estimator.settings(cfg)}
 
 
-def prepare(engines: E.Engines, batch: Batch, cfg: TrainConfig, kl_ctl) -> tuple[Prepared, dict[str, float]]:
+def prepare(engines: Engines, batch: Batch, cfg: TrainConfig, kl_ctl) -> tuple[Prepared, dict[str, float]]:
     """Old and reference log-probs, values, KL penalty, advantages for a batch (no gradient)."""
     metrics: dict[str, float] = {}
     mask = batch.loss_mask
@@ -125,7 +134,7 @@ def prepare(engines: E.Engines, batch: Batch, cfg: TrainConfig, kl_ctl) -> tuple
     ref = None
     rewards = batch.token_rewards.clone()
     if engines.ref is not None:
-        ref = per_token(batch, cfg, lambda s: FW.forward_logprobs(engines.ref, s.input_ids, s.attention_mask,
+        ref = per_token(batch, cfg, lambda s: forward_logprobs(engines.ref, s.input_ids, s.attention_mask,
                                                                   temperature=cfg.temperature)[0], engines)
         if cfg.kl_mode == "reward":
             rewards, m = apply_kl_penalty(rewards, old, ref, mask, kl_ctl.value, cfg.kl_estimator)
@@ -134,7 +143,7 @@ def prepare(engines: E.Engines, batch: Batch, cfg: TrainConfig, kl_ctl) -> tuple
     values = None
     if engines.critic is not None:
         engines.critic.eval()
-        values = per_token(batch, cfg, lambda s: FW.forward_values(engines.critic, s.input_ids, s.attention_mask),
+        values = per_token(batch, cfg, lambda s: forward_values(engines.critic, s.input_ids, s.attention_mask),
                            engines)
     adv, ret = ADVANTAGES[cfg.advantage_name](
         token_level_rewards=rewards, mask=mask, values=values, group_ids=batch.group_ids, gamma=cfg.gamma,
@@ -160,19 +169,19 @@ def prepare(engines: E.Engines, batch: Batch, cfg: TrainConfig, kl_ctl) -> tuple
     return prep, metrics
 
 
-def _context(engine, batch: Batch, rows: list[int], engines: E.Engines, n_micro: int) -> FW.Context | None:
+def _context(engine, batch: Batch, rows: list[int], engines: Engines, n_micro: int) -> Context | None:
     """The Context of the prefix every row of the mini-batch starts with (a system prompt), when there are
     several micro-batches to read it for and one process (with several, each would need its own)."""
     if engines.world != 1 or n_micro < 2 or not rows:
         return None
     sub = batch.rows(rows)
-    length = FW.prefix_to_share(sub.input_ids, sub.attention_mask, sub.loss_mask)
+    length = prefix_to_share(sub.input_ids, sub.attention_mask, sub.loss_mask)
     if not length:
         return None
-    return FW.prefix_context(engine, sub.input_ids[:1, :length])
+    return prefix_context(engine, sub.input_ids[:1, :length])
 
 
-def minibatch_step(engine, batch: Batch, rows: list[int], cfg: TrainConfig, engines: E.Engines,
+def minibatch_step(engine, batch: Batch, rows: list[int], cfg: TrainConfig, engines: Engines,
                    micro_loss: Callable, meter: Meter, prefix: str = "", share: bool = False,
                    summed: tuple[str, ...] = ()) -> None:
     """One optimizer step of `engine` over the mini-batch `rows`: `micro_loss(sub, idx, denominator)` gives
@@ -200,15 +209,15 @@ def minibatch_step(engine, batch: Batch, rows: list[int], cfg: TrainConfig, engi
             else:  # a mean over the micro-batch's tokens: weigh by them
                 meter.add(prefix + name, v, weight)
         if boundary:
-            norm = E.optimizer_step(engine)
+            norm = optimizer_step(engine)
         else:
             engine.step()
     if ctx is not None:  # the shared prefix's share of the gradient (none when no micro-batch read it)
         engine.set_gradient_accumulation_boundary(True)
-        surrogate = FW.context_loss(ctx)
+        surrogate = context_loss(ctx)
         engine.backward(surrogate if surrogate is not None else torch.zeros((), requires_grad=True),
                         scale_wrt_gas=False)
-        norm = E.optimizer_step(engine)
+        norm = optimizer_step(engine)
     # before the step's numbers reach a metric or a checkpoint: a NaN or inf stops the run (train/finite.py)
     check_update(engine, loss=sums["loss"], grad_norm=norm, prefix=prefix.replace("_", " "))
     if norm is not None:
@@ -240,7 +249,7 @@ def actor_loss_terms(lp: torch.Tensor, ent: torch.Tensor, mask: torch.Tensor, cf
     return loss, m
 
 
-def rl_update(engines: E.Engines, prep: Prepared, cfg: TrainConfig, kl_ctl, *, seed: int,
+def rl_update(engines: Engines, prep: Prepared, cfg: TrainConfig, kl_ctl, *, seed: int,
               train_actor: bool = True) -> dict[str, float]:
     """cfg.epochs passes of shuffled mini-batches: the policy loss (+ entropy bonus, + KL loss) on the actor,
     the value loss on the critic (ppo)."""
@@ -248,16 +257,16 @@ def rl_update(engines: E.Engines, prep: Prepared, cfg: TrainConfig, kl_ctl, *, s
     w_of = lambda sub: sub.input_ids.shape[1]  # noqa: E731
     loss_kw = dict(agg_mode=cfg.agg_mode, norm_constant=cfg.norm_constant)
 
-    share = FW.can_share_prefix(engines.actor)
+    share = can_share_prefix(engines.actor)
 
-    def actor_loss(sub: Batch, idx: list[int], denom: float, context: FW.Context | None = None):
-        w, mask = w_of(sub), sub.loss_mask.to(D.device())
-        lp, ent = FW.forward_logprobs(engines.actor, sub.input_ids, sub.attention_mask,
-                                      temperature=cfg.temperature, entropy=True, start=FW.first_scored(sub.loss_mask),
+    def actor_loss(sub: Batch, idx: list[int], denom: float, context: Context | None = None):
+        w, mask = w_of(sub), sub.loss_mask.to(device())
+        lp, ent = forward_logprobs(engines.actor, sub.input_ids, sub.attention_mask,
+                                      temperature=cfg.temperature, entropy=True, start=first_scored(sub.loss_mask),
                                       share_prefix=share, context=context, entropy_grad=cfg.entropy_coef > 0)
         if prep.on_policy:  # one optimizer step: pi_old is the actor as it is now
             old = lp.detach() * mask
-            beh = sub.behaviour_logprobs.to(D.device())
+            beh = sub.behaviour_logprobs.to(device())
             both = (mask > 0) & ~torch.isnan(beh)
             if both.any():
                 meter.add("behaviour_kl", float((beh - old)[both].mean()), float(both.sum()))
@@ -269,8 +278,8 @@ def rl_update(engines: E.Engines, prep: Prepared, cfg: TrainConfig, kl_ctl, *, s
                                 ref_logprobs=take(prep.ref_logprobs, idx, w))
 
     def critic_loss(sub: Batch, idx: list[int], denom: float):
-        w, mask = w_of(sub), sub.loss_mask.to(D.device())
-        v = FW.forward_values(engines.critic, sub.input_ids, sub.attention_mask)
+        w, mask = w_of(sub), sub.loss_mask.to(device())
+        v = forward_values(engines.critic, sub.input_ids, sub.attention_mask)
         vl = VALUE_LOSSES[cfg.value_loss]
         return vl(values=v, old_values=take(prep.values, idx, w), returns=take(prep.returns, idx, w), mask=mask,
                   denominator=denom, **loss_kw, **vl.settings(cfg))
@@ -307,14 +316,14 @@ def rl_update(engines: E.Engines, prep: Prepared, cfg: TrainConfig, kl_ctl, *, s
     return out
 
 
-def sft_loss(engines: E.Engines, cfg: TrainConfig):
+def sft_loss(engines: Engines, cfg: TrainConfig):
     """The SFT micro-batch loss: cross-entropy (minus log-likelihood) on response tokens only."""
-    share = FW.can_share_prefix(engines.actor)
+    share = can_share_prefix(engines.actor)
 
-    def loss_fn(sub: Batch, idx: list[int], denom: float, context: FW.Context | None = None):
-        mask = sub.loss_mask.to(D.device())
-        lp, _ = FW.forward_logprobs(engines.actor, sub.input_ids, sub.attention_mask,
-                                    start=FW.first_scored(sub.loss_mask), share_prefix=share, context=context)
+    def loss_fn(sub: Batch, idx: list[int], denom: float, context: Context | None = None):
+        mask = sub.loss_mask.to(device())
+        lp, _ = forward_logprobs(engines.actor, sub.input_ids, sub.attention_mask,
+                                    start=first_scored(sub.loss_mask), share_prefix=share, context=context)
         loss = aggregate(-lp, mask, cfg.agg_mode, denominator=denom, norm_constant=cfg.norm_constant)
         with torch.no_grad():
             nll = float(masked_mean(-lp, mask))
@@ -323,15 +332,15 @@ def sft_loss(engines: E.Engines, cfg: TrainConfig):
     return loss_fn
 
 
-def sft_update(engines: E.Engines, batch: Batch, rows: list[int], cfg: TrainConfig) -> dict[str, float]:
+def sft_update(engines: Engines, batch: Batch, rows: list[int], cfg: TrainConfig) -> dict[str, float]:
     """One SFT optimizer step over the mini-batch `rows`."""
     meter = Meter()
     minibatch_step(engines.actor, batch, rows, cfg, engines, sft_loss(engines, cfg), meter,
-                   share=FW.can_share_prefix(engines.actor))
+                   share=can_share_prefix(engines.actor))
     return meter.result()
 
 
-def iteration_update(engines: E.Engines, seqs: list, cfg: TrainConfig, kl_ctl,
+def iteration_update(engines: Engines, seqs: list, cfg: TrainConfig, kl_ctl,
                      it: int) -> tuple[Batch, dict[str, float]]:
     """The update of RL iteration `it` (from 0) on its episodes `seqs` (load_episodes' EpisodeSeqs, in
     episode_id order): collate, prepare, `rl_update` seeded with seed + it. The train loop and a replay of

@@ -15,11 +15,23 @@ from trajlake.core.errors import TrajlakeError
 from trajlake.schemas import Run
 from trajlake.store import Lake, runs
 from trajlake.store import lease as run_lease
-from trajlake.train import checkpoint as C
-from trajlake.train import distributed as D
-from trajlake.train import engine as E
 from trajlake.train.algos import ALGOS
+from trajlake.train.checkpoint import (
+    PolicyRow,
+    Resume,
+    checkpoint_path,
+    clean_metrics,
+    last_checkpoint,
+    load_state,
+    machine_state,
+    policy_row,
+    resolve_model,
+)
+from trajlake.train.checkpoint import commit as commit_step
+from trajlake.train.checkpoint import save as save_checkpoint
 from trajlake.train.config import ConfigError, TrainConfig
+from trajlake.train.distributed import broadcast, init_distributed
+from trajlake.train.engine import Engines, build_engines
 
 
 class TrainRun:
@@ -33,7 +45,7 @@ class TrainRun:
     def __init__(self, config: TrainConfig, lake: Lake | None, kind: str, spec_id: str | None = None):
         self.cfg = config
         self.spec_id = spec_id  # the reward spec's content id: a restart compares it, not the spec's path
-        self.rank, self.world = D.init_distributed()
+        self.rank, self.world = init_distributed()
         self.main = self.rank == 0
         if self.main and lake is None:
             raise TrajlakeError("rank 0 needs the lake")
@@ -43,12 +55,12 @@ class TrainRun:
         def resolve():
             run_lease.check(lake, rid)  # another live process runs it: refused before any work (reads only)
             try:
-                start_path, start_pid, base, new_row = C.resolve_model(lake, config.model)
+                start_path, start_pid, base, new_row = resolve_model(lake, config.model)
             except ConfigError:
                 raise
             except TrajlakeError as e:  # name the field: the path or id alone may not say which setting it is
                 raise ConfigError(f"train config: model {config.model!r}: {e}") from None
-            resume = C.last_checkpoint(lake, rid)
+            resume = last_checkpoint(lake, rid)
             stored = stored_train_run(lake, config, rid, start_pid, resume, spec_id=spec_id)
             return rid, start_path, start_pid, base, new_row, resume, stored
 
@@ -68,7 +80,7 @@ class TrainRun:
         then checkpointed): then this one gives the lease back and is refused, to start again from there."""
         def take() -> None:
             self.lease = run_lease.acquire(self.lake, self.run_id, "train")
-            if C.last_checkpoint(self.lake, self.run_id) != self.resume:
+            if last_checkpoint(self.lake, self.run_id) != self.resume:
                 self.release()
                 raise TrajlakeError(f"run {self.run_id} moved on while this process started (another process ran "
                                     "it meanwhile): run it again to resume from where it is now")
@@ -93,7 +105,7 @@ class TrainRun:
             config["reward_spec_id"] = self.spec_id  # what `reward_spec` held
         # before the first write: a tracker that cannot start (not installed) leaves the lake as it was
         self.trackers = Trackers(self.cfg.report_to, self.metrics_log.parent, self.run_id, config)
-        policies = [C.PolicyRow(self.start_pid, run_id=self.run_id, base_model=self.base,
+        policies = [PolicyRow(self.start_pid, run_id=self.run_id, base_model=self.base,
                                 checkpoint_uri=self.start_path, created_at=utc_now())] if self.new_row else []
         message = f"train: start run {self.run_id}"
         if self.stored is None:
@@ -105,36 +117,37 @@ class TrainRun:
             self.lake.append({"policies": policies}, stage="train", run_id=self.run_id, message=message)
         runs.restart(self.lake, self.stored, stage="train", config=config)
 
-    def build(self, critic: bool = False, ref: bool = False) -> E.Engines:
-        engines = E.build_engines(self.cfg, self.model_path, critic=critic, ref=ref, ref_path=self.start_path,
+    def build(self, critic: bool = False, ref: bool = False) -> Engines:
+        engines = build_engines(self.cfg, self.model_path, critic=critic, ref=ref, ref_path=self.start_path,
                                   critic_path=self.start_path)
-        self.state = C.load_state(engines, self.model_path) if self.resume else {}
+        self.state = load_state(engines, self.model_path) if self.resume else {}
         return engines
 
-    def checkpoint(self, engines: E.Engines, state: dict[str, Any]) -> tuple[C.PolicyRow, Any]:
-        path = C.checkpoint_path(self.cfg.checkpoint_dir, self.run_id, self.step)
-        C.save(engines, path, state={**state, **C.machine_state(self.world)}, save_optimizer=self.cfg.save_optimizer)
-        return C.policy_row(run_id=self.run_id, step=self.step, path=path, base_model=self.base,
+    def checkpoint(self, engines: Engines, state: dict[str, Any]) -> tuple[PolicyRow, Any]:
+        path = checkpoint_path(self.cfg.checkpoint_dir, self.run_id, self.step)
+        save_checkpoint(engines, path, state={**state, **machine_state(self.world)},
+                        save_optimizer=self.cfg.save_optimizer)
+        return policy_row(run_id=self.run_id, step=self.step, path=path, base_model=self.base,
                             parent=self.policy_id), path
 
     @property
     def metrics_log(self) -> Any:
         """`<checkpoint_dir>/<run>/metrics.jsonl`: every train_steps row, also readable while the run holds
         the lake (a DuckDB-file lake admits one process at a time)."""
-        return C.checkpoint_path(self.cfg.checkpoint_dir, self.run_id, 0).parent / "metrics.jsonl"
+        return checkpoint_path(self.cfg.checkpoint_dir, self.run_id, 0).parent / "metrics.jsonl"
 
     def commit(self, *, step: int, metrics: dict[str, Any], snapshot_read: int | None,
-               policy: C.PolicyRow | None = None, spec_id: str | None = None,
+               policy: PolicyRow | None = None, spec_id: str | None = None,
                episode_ids: tuple[str, ...] | None = None) -> None:
         """Rank 0: one train_steps row (and the policy's) in the lake, and the same metrics as a line of
         `metrics_log`."""
-        C.commit(self.lake, run_id=self.run_id, step=step, metrics=metrics, snapshot_read=snapshot_read,
+        commit_step(self.lake, run_id=self.run_id, step=step, metrics=metrics, snapshot_read=snapshot_read,
                  policy=policy, spec_id=spec_id, episode_ids=episode_ids)
         self.trackers.log(step, metrics)
         self.metrics_log.parent.mkdir(parents=True, exist_ok=True)
         with open(self.metrics_log, "a") as f:
             f.write(json.dumps({"run_id": self.run_id, "step": step, "policy_id": policy.policy_id if policy else None,
-                                "metrics": C.clean_metrics(metrics)}) + "\n")
+                                "metrics": clean_metrics(metrics)}) + "\n")
 
     def finish(self) -> None:
         """The run ended: marked finished (rank 0), its trackers and rollout engine closed, its lease given back."""
@@ -169,14 +182,14 @@ def on_main(main: bool, fn: Any) -> Any:
             out = fn()
         except TrajlakeError as e:
             out = e
-    out = D.broadcast(out)
+    out = broadcast(out)
     if isinstance(out, TrajlakeError):
         raise out
     return out
 
 
 def stored_train_run(lake: Lake, config: TrainConfig, run_id: str, start_policy: str,
-                     resume: C.Resume | None, *, spec_id: str | None = None) -> runs.StoredRun | None:
+                     resume: Resume | None, *, spec_id: str | None = None) -> runs.StoredRun | None:
     """The stored run that `config` restarts, or None for a new run. Raises, writing nothing, when `run_id` is
     not a train run, was started with other RUN_FIELDS, or has done more steps than `config` asks for."""
     run = runs.find(lake, run_id, config, kinds=("train",), error=ConfigError, start_policy=start_policy,
