@@ -78,6 +78,11 @@ def check_numbers(c: CheckedConfig) -> None:
         raise ConfigError(f"train config: {e}") from None
 
 
+#: the fields whose value names an entry of a registry (besides advantage, whose default depends on algo)
+NAMED_ENTRIES = {"policy_loss": POLICY_LOSSES, "agg_mode": AGG_MODES, "kl_estimator": KL_ESTIMATORS,
+                 "kl_controller": KL_CONTROLLERS, "value_loss": VALUE_LOSSES}
+
+
 def check_train_config(c: CheckedConfig) -> None:
     """Every rule of a TrainConfig (its field types and RolloutConfig's rules were checked before)."""
     from trajlake.collect.envs.base import SPLITS
@@ -93,16 +98,9 @@ def check_train_config(c: CheckedConfig) -> None:
         (c.old_logprobs in OLD_LOGPROBS,
          f"old_logprobs must be one of {OLD_LOGPROBS}, got {c.old_logprobs!r}"),
         (c.kl_mode in KL_MODES, f"kl_mode must be one of {KL_MODES}, got {c.kl_mode!r}"),
-        (adv in ADVANTAGES, f"unknown advantage {adv!r}; valid: {', '.join(ADVANTAGES.names())}"),
-        (c.policy_loss in POLICY_LOSSES,
-         f"unknown policy_loss {c.policy_loss!r}; valid: {', '.join(POLICY_LOSSES.names())}"),
-        (c.agg_mode in AGG_MODES, f"unknown agg_mode {c.agg_mode!r}; valid: {', '.join(AGG_MODES.names())}"),
-        (c.kl_estimator in KL_ESTIMATORS,
-         f"unknown kl_estimator {c.kl_estimator!r}; valid: {', '.join(KL_ESTIMATORS.names())}"),
-        (c.kl_controller in KL_CONTROLLERS,
-         f"unknown kl_controller {c.kl_controller!r}; valid: {', '.join(KL_CONTROLLERS.names())}"),
-        (c.value_loss in VALUE_LOSSES,
-         f"unknown value_loss {c.value_loss!r}; valid: {', '.join(VALUE_LOSSES.names())}"),
+        *((name in registry, f"unknown {field} {name!r}; valid: {', '.join(registry.names())}")
+          for field, registry, name in [("advantage", ADVANTAGES, adv)]
+          + [(f, registry, getattr(c, f)) for f, registry in NAMED_ENTRIES.items()]),
         (c.eval_split in SPLITS, f"eval_split must be one of {', '.join(SPLITS)}, got {c.eval_split!r}"),
         (0 < c.lr <= MAX_LR, f"lr must be > 0 and at most {MAX_LR:g}, got {c.lr}"),
         (0 < c.critic_lr <= MAX_LR, f"critic_lr must be > 0 and at most {MAX_LR:g}, got {c.critic_lr}"),
