@@ -33,8 +33,9 @@ class ComponentKind:
     #: the episode's value: SQL over `ep.*` (episodes) and `agg.*` (the aggregates)
     value: Callable[[str, dict], str]
     #: parameters added after specs were stored, with the value that keeps the old meaning: left out of a
-    #: spec's normalised content at that value, so the ids of specs that do not use them stay the same
-    legacy: dict[str, Any] = field(default_factory=dict)
+    #: spec's normalised content at that value, so the ids of specs that do not use them stay the same (the
+    #: rule runs follow too: core.config_types.added_later)
+    added_later: dict[str, Any] = field(default_factory=dict)
     #: whether its turn columns are per-turn rewards (the `per_turn` allocation places them on their turn)
     per_turn: bool = False
     #: whether its turn columns read `prev_observation` (a window over every turn, so computed only if asked)

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from trajlake.core.config_types import at_old_value
 from trajlake.core.errors import TrajlakeError
 from trajlake.core.registry import Registry
 from trajlake.rewards.component_kind import ComponentKind
@@ -60,8 +61,8 @@ def validate_component(kind: str | None, params: dict[str, Any]) -> dict[str, An
 
 def normalised_params(kind: str, params: dict[str, Any]) -> dict[str, Any]:
     """The params a spec id hashes: all of them, less added ones left at the value that keeps the old meaning."""
-    legacy = get_kind(kind).legacy
-    return {k: v for k, v in params.items() if not (k in legacy and v == legacy[k] and type(v) is type(legacy[k]))}
+    before = get_kind(kind).added_later
+    return {k: v for k, v in params.items() if not (k in before and at_old_value(v, before[k]))}
 
 
 __all__ = ["BUILTIN_KINDS", "KINDS", "ComponentKind", "get_kind", "kinds", "normalised_params", "register",

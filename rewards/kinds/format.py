@@ -59,5 +59,5 @@ FORMAT = ComponentKind(
     turn_columns=no_columns,
     aggregates=_aggregates,
     value=_value,
-    legacy={"dotall": False, "envs": None},
+    added_later={"dotall": False, "envs": None},
 )

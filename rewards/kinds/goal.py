@@ -69,5 +69,5 @@ GOAL = ComponentKind(
     turn_columns=no_columns,
     aggregates=_aggregates,
     value=_value,
-    legacy={"mode": "episode", "truncated": "score"},
+    added_later={"mode": "episode", "truncated": "score"},
 )

@@ -83,7 +83,7 @@ PROCESS = ComponentKind(
     turn_columns=lambda n, p: {f"p_{n}": process_turn_sql(p)},
     aggregates=lambda n, p: {f"{n}__sum": f"sum(p_{n})"},
     value=lambda n, p: f"coalesce(agg.{n}__sum, 0)",
-    legacy={"pattern": None},
+    added_later={"pattern": None},
     per_turn=True,
     reads_prev_observation=_reads_prev_observation,
 )
