@@ -18,7 +18,6 @@ second run resumes where the first stopped, or only prints the results.
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import sys
 import time
@@ -28,6 +27,7 @@ from pathlib import Path
 from trajlake.core.display import Format, console, emit
 from trajlake.core.errors import TrajlakeError
 from trajlake.core.paths import shared_dir
+from trajlake.recipes.entry import add_overrides, recipe_parser, run_recipe
 from trajlake.store import Lake
 
 DEFAULT_DATA = shared_dir() / "data" / "agentgym" / "textcraft" / "train.parquet"
@@ -188,24 +188,16 @@ def run(cfg: PipelineConfig) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m trajlake.recipes.agentgym_pipeline", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--lake", default="lake", help="lake URI (default ./lake)")
+    parser = recipe_parser("trajlake.recipes.agentgym_pipeline", __doc__)
     parser.add_argument("--models", type=Path, default=Path("models"), help="where models are built")
     parser.add_argument("--model", choices=tuple(PRESETS), default="tiny", help="the model to train")
     parser.add_argument("--data", type=Path, default=DEFAULT_DATA, help="AgentGym TextCraft trajectories (parquet)")
     parser.add_argument("--env-url", default=None, help="a running TextCraft server (default: start the real one)")
-    for name in ("sft_steps", "iterations", "tasks", "samples", "micro_batch", "max_turns", "eval_tasks"):
-        parser.add_argument(f"--{name.replace('_', '-')}", type=int, default=None, help=f"override {name}")
+    add_overrides(parser, ("sft_steps", "iterations", "tasks", "samples", "micro_batch", "max_turns", "eval_tasks"))
     parser.add_argument("--prefix", default=None, help="run id prefix (default agentgym)")
     args = vars(parser.parse_args(argv))
     chosen = {k: v for k, v in args.items() if v is not None}
-    try:
-        run(PipelineConfig(**{**PRESETS[args["model"]], **chosen}))
-    except TrajlakeError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 1
-    return 0
+    return run_recipe(run, lambda: PipelineConfig(**{**PRESETS[args["model"]], **chosen}))
 
 
 if __name__ == "__main__":

@@ -21,7 +21,6 @@ first stopped, or only prints the results. bench/learning.py runs the same recip
 
 from __future__ import annotations
 
-import argparse
 import sys
 import time
 from dataclasses import dataclass, field, replace
@@ -32,6 +31,7 @@ import polars as pl
 from trajlake.core.display import Format, console, emit
 from trajlake.core.errors import TrajlakeError
 from trajlake.core.paths import shared_dir
+from trajlake.recipes.entry import add_overrides, recipe_parser, run_recipe
 from trajlake.store import Lake
 
 DEFAULT_DATA = shared_dir() / "data" / "agentgym"
@@ -355,26 +355,18 @@ CLI_INTS = ("difficulty", "max_turns", "demos", "sft_steps", "sft_every", "itera
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m trajlake.recipes.demo", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--lake", default="lake", help="lake URI (default ./lake)")
+    parser = recipe_parser("trajlake.recipes.demo", __doc__)
     parser.add_argument("--models", type=Path, default=Path("models"), help="where models are built")
     parser.add_argument("--model", choices=tuple(PRESETS), default="tiny", help="the model to train")
     parser.add_argument("--data", type=Path, default=DEFAULT_DATA, help="folder of AgentGym parquet files")
     parser.add_argument("--checkpoints", type=Path, default=None, help="checkpoint folder (default checkpoints)")
-    for name in CLI_INTS:
-        parser.add_argument(f"--{name.replace('_', '-')}", type=int, default=None, help=f"override {name}")
-    parser.add_argument("--expert-noise", type=float, default=None, help="override expert_noise")
+    add_overrides(parser, CLI_INTS)
+    add_overrides(parser, ["expert_noise"], float)
     parser.add_argument("--report", type=Path, default=None, help="report folder (default reports/demo)")
     parser.add_argument("--prefix", default=None, help="run id prefix (default demo)")
     args = vars(parser.parse_args(argv))
     chosen = {k: v for k, v in args.items() if v is not None}
-    try:
-        run(DemoConfig(**{**PRESETS[args["model"]], **chosen}))
-    except TrajlakeError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 1
-    return 0
+    return run_recipe(run, lambda: DemoConfig(**{**PRESETS[args["model"]], **chosen}))
 
 
 if __name__ == "__main__":

@@ -20,7 +20,6 @@ only prints the results.
 
 from __future__ import annotations
 
-import argparse
 import sys
 import time
 from dataclasses import dataclass
@@ -30,6 +29,7 @@ import polars as pl
 
 from trajlake.core.display import Format, console, emit, emit_vertical
 from trajlake.core.errors import TrajlakeError
+from trajlake.recipes.entry import add_overrides, recipe_parser, run_recipe
 from trajlake.rewards import SPECS_DIR
 from trajlake.store import Lake
 
@@ -197,23 +197,15 @@ def run(cfg: RescoreConfig) -> pl.DataFrame:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m trajlake.recipes.rescore", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--lake", default="lake", help="lake URI (default ./lake)")
+    parser = recipe_parser("trajlake.recipes.rescore", __doc__)
     parser.add_argument("--models", type=Path, default=Path("models"), help="where the tiny model is built")
     parser.add_argument("--checkpoints", type=Path, default=Path("checkpoints"), help="checkpoint folder")
     parser.add_argument("--seeds", type=int, nargs="+", default=[0], help="one workflow per seed (default 0)")
-    for name in ("demos", "sft_steps", "rollout_tasks", "iterations", "eval_tasks"):
-        parser.add_argument(f"--{name.replace('_', '-')}", type=int, default=None, help=f"override {name}")
+    add_overrides(parser, ("demos", "sft_steps", "rollout_tasks", "iterations", "eval_tasks"))
     parser.add_argument("--prefix", default=None, help="run id prefix (default rescore)")
     args = vars(parser.parse_args(argv))
     args["seeds"] = tuple(args["seeds"])
-    try:
-        run(RescoreConfig(**{k: v for k, v in args.items() if v is not None}))
-    except TrajlakeError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 1
-    return 0
+    return run_recipe(run, lambda: RescoreConfig(**{k: v for k, v in args.items() if v is not None}))
 
 
 if __name__ == "__main__":
