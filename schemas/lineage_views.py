@@ -6,12 +6,14 @@ on (`train_steps.episode_ids`): its own run's steps up to the policy's step and,
 ancestors' runs up to theirs (the SFT warm start of a GRPO run, the imported or collected demonstrations of that
 SFT). A base model or a scripted policy trained on nothing has no rows.
 
-episode_goals(episode_id, env, task_id, family, goal): an episode's goal, read off its first observation (turn
-0): the env family (the env name without `agentgym/`, so an imported `textcraft` episode meets a played
-`agentgym/textcraft` one) and the goal text, lower-cased and single-spaced, with the env's own variable parts
-left out where GOAL_RULES knows them: TextCraft's first observation lists its crafting commands shuffled, with
-random distractors, so only its `Goal: craft X` is the goal; BabyAI's room description changes with the seed,
-its `Your goal: ...` does not. Another env's goal is its whole first observation.
+episode_goals(episode_id, env, task_id, family, goal): an episode's goal: the env family (the env name without
+`agentgym/`, so an imported `textcraft` episode meets a played `agentgym/textcraft` one) and the goal text,
+lower-cased and single-spaced. Where GOAL_RULES knows the env, the goal is read off the first observation (turn 0)
+with the env's own variable parts left out: TextCraft's first observation lists its crafting commands shuffled,
+with random distractors, so only its `Goal: craft X` is the goal; BabyAI's room description changes with the
+seed, its `Your goal: ...` does not. Another env's goal is its whole task where the store holds it (the tasks
+row's instruction and ground truth: a made task such as doors' shows only its first room in its first
+observation, so two different tasks can open alike), else its whole first observation.
 
 eval_contamination(eval_run, policy_id, env, split, tasks, contaminated_tasks, episodes, successes, success_rate,
 clean_tasks, clean_episodes, clean_successes, clean_success_rate): per evaluation (a run of kind `eval`), the
@@ -51,14 +53,19 @@ SELECT DISTINCT policy_id, train_run, episode_id FROM used
 
 EPISODE_GOALS_SQL = f"""
 WITH rules(family, pattern) AS (VALUES {_RULES_VALUES}),
+stored_tasks AS (  -- each task's whole content, where the store holds its ground truth
+    SELECT task_id, any_value(coalesce(instruction, '') || ' ' || ground_truth::VARCHAR) AS content
+    FROM tasks WHERE ground_truth IS NOT NULL GROUP BY task_id
+),
 firsts AS (
     SELECT e.episode_id, e.env, e.task_id, regexp_replace(e.env, '^agentgym/', '') AS family, t.observation
     FROM episodes e JOIN turns t ON t.episode_id = e.episode_id AND t.turn = 0
 )
 SELECT f.episode_id, f.env, f.task_id, f.family,
-       lower(regexp_replace(trim(coalesce(nullif(regexp_extract(f.observation, r.pattern, 1), ''), f.observation)),
+       lower(regexp_replace(trim(coalesce(nullif(regexp_extract(f.observation, r.pattern, 1), ''),
+                                          CASE WHEN r.pattern IS NULL THEN k.content END, f.observation)),
                             '\\s+', ' ', 'g')) AS goal
-FROM firsts f LEFT JOIN rules r USING (family)
+FROM firsts f LEFT JOIN rules r USING (family) LEFT JOIN stored_tasks k USING (task_id)
 """
 
 EVAL_CONTAMINATION_SQL = """

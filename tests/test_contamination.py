@@ -165,3 +165,20 @@ def test_training_data_can_be_restricted_to_goals_outside_the_held_out_tasks(lak
                       "ORDER BY episode_id")["episode_id"].to_list()
     assert kept == ["d2"]
     assert outside_goals_of(("val",)).endswith("WHERE t.split IN ('val'))")
+
+
+def test_a_made_tasks_goal_is_its_whole_task_not_its_first_room(lake):
+    """doors shows only its first room in its first observation: two tasks that open alike but hide other keys
+    are different goals; the same task content under another id is the same goal."""
+    first_room = "Pass 2 rooms. Room 1 of 2. Four doors: red, pink, purple, black. A sign is here."
+    truths = {"doors/train/3/0": "pink", "doors/test/3/0": "red", "doors/test/3/1": "pink"}
+    tasks = [Task(t, "doors", split=t.split("/")[1], instruction="Pass 2 rooms.",
+                  ground_truth={"rooms": [{"doors": ["red", "pink", "purple", "black"], "key": key}]})
+             for t, key in truths.items()]
+    rows = [_episode(f"e{i}", "play", "p", t, "doors", first_room) for i, t in enumerate(truths)]
+    lake.append({"runs": [Run("play", "collect")], "policies": [Policy("p")], "tasks": tasks,
+                 "episodes": [e for e, _ in rows], "turns": [t for _, t in rows]}, stage="test", message="seed")
+    goals = dict(lake.query("SELECT task_id, goal FROM episode_goals").rows())
+    assert goals["doors/train/3/0"] != goals["doors/test/3/0"]  # the same first room, another key
+    assert goals["doors/train/3/0"] == goals["doors/test/3/1"]  # the same task content
+    assert '"key": "pink"' in goals["doors/test/3/1"]
