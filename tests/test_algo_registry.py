@@ -106,6 +106,7 @@ def test_a_critic_estimator_is_one_registration(scratch):
     assert turn_inputs("mc_value", collate(synthetic(2), 0), cfg) == {}  # token-level, no settings
 
 
+@pytest.mark.slow  # one real PPO iteration: the registration alone is checked by the tests above
 def test_ppo_trains_with_a_registered_critic_estimator(scratch, model, lake):
     register_advantage("mc_value", needs_critic=True)(monte_carlo_minus_value)
     cfg = small_cfg(model, algo="ppo", advantage="mc_value", run_id="mc", tasks=2, samples=1, iterations=1,
