@@ -33,6 +33,7 @@ import polars as pl
 from trajlake.core.display import Format, console, emit
 from trajlake.core.errors import TrajlakeError
 from trajlake.recipes.demo import CLI_INTS, DemoConfig, build_model, evaluate_policies, recipe
+from trajlake.recipes.entry import stop_cleanly_on_sigterm
 from trajlake.store import Lake
 
 #: GRPO config fields the bench sets by name besides the demo's own (DemoConfig.train_overrides)
@@ -167,6 +168,7 @@ def main(argv: list[str] | None = None) -> int:
     defaults = TEXTCRAFT if args["env"] == "agentgym/textcraft" else {}
     if args["env"] == "agentgym/textcraft":
         overrides = {**TEXTCRAFT_TRAIN, **overrides}
+    stop_cleanly_on_sigterm()  # a killed bench stops the TextCraft server it started
     try:
         if seeds < 1 or first_seed < 0:
             raise TrajlakeError(f"seeds must be >= 1 and first-seed >= 0, got {seeds} and {first_seed}")

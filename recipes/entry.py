@@ -4,6 +4,7 @@ running the recipe with a refused setting or failed stage printed as one `error:
 from __future__ import annotations
 
 import argparse
+import signal
 import sys
 from collections.abc import Callable, Iterable
 from typing import Any
@@ -25,9 +26,16 @@ def add_overrides(parser: argparse.ArgumentParser, names: Iterable[str], kind: t
         parser.add_argument(f"--{name.replace('_', '-')}", type=kind, default=None, help=f"override {name}")
 
 
+def stop_cleanly_on_sigterm() -> None:
+    """A SIGTERM (`kill`, a job scheduler's stop) raises SystemExit(143) instead of ending the process at once,
+    so the recipe's `finally` blocks run: the environment server it started is stopped, not left orphaned."""
+    signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
+
+
 def run_recipe(run: Callable[[Any], Any], make_config: Callable[[], Any]) -> int:
     """`run(make_config())`; 0, or 1 after one `error:` line on stderr for a TrajlakeError (a setting the
-    config refuses included)."""
+    config refuses included). A SIGTERM stops it cleanly (`stop_cleanly_on_sigterm`)."""
+    stop_cleanly_on_sigterm()
     try:
         run(make_config())
     except TrajlakeError as e:
@@ -36,4 +44,4 @@ def run_recipe(run: Callable[[Any], Any], make_config: Callable[[], Any]) -> int
     return 0
 
 
-__all__ = ["recipe_parser", "add_overrides", "run_recipe"]
+__all__ = ["recipe_parser", "add_overrides", "run_recipe", "stop_cleanly_on_sigterm"]
