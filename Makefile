@@ -99,7 +99,7 @@ agentgym-learning: setup
 	$(PY) bench/learning.py --env agentgym/textcraft --seeds $(LEARNING_SEEDS) --out reports/agentgym-learning \
 		$(if $(ENV_URL),--env-url $(ENV_URL),)
 
-# Re-score and retrain (README): a verbose policy's stored rollouts re-scored with a length penalty
+# Re-score and retrain (docs/rewards.md): a verbose policy's stored rollouts re-scored with a length penalty
 # (rewards/specs/concise.toml) and trained on without playing, beside the same retrain under the old spec;
 # SEEDS="0 1 2" repeats the whole workflow per seed (about 2 minutes a seed on 2 CPU cores).
 SEEDS ?= 0

@@ -1,6 +1,6 @@
 """`make rescore`: re-score stored rollouts with a new reward spec and retrain on them, without playing.
 
-The README's workflow end to end, every number read back from the store:
+The re-score-and-retrain workflow of docs/rewards.md end to end, every number read back from the store:
 
 1. a verbose demonstrator's episodes (`scripted:doors?verbose=0.5`: half its thoughts restate the observation)
    and SFT on them (train/configs/sft-doors-verbose.toml): a policy that replies long or short, succeeding

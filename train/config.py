@@ -41,7 +41,7 @@ from trajlake.train.config_checks import (  # noqa: F401  (the constants are thi
     check_train_config,
 )
 
-#: the train configs the package ships (the recipes' and the README's)
+#: the train configs the package ships (the recipes' and the docs')
 CONFIGS_DIR = Path(__file__).parent / "configs"
 
 
@@ -162,7 +162,7 @@ class TrainConfig(RolloutConfig):
     """Raise every advantage below this to it (None: off). 0 learns only from the samples that did better
     than their baseline: on stored rollouts the policy no longer plays (train_filter), pushing the worse
     ones down moves their probability onto replies the data never shows, whose failures the update never
-    sees (measured in the README's re-score-and-retrain workflow)."""
+    sees (measured in the re-score-and-retrain workflow of docs/rewards.md)."""
     entropy_coef: float = 0.0
     """Entropy bonus weight (loss -= entropy_coef * entropy)."""
     kl_coef: float = 0.0
