@@ -143,7 +143,7 @@ def run_trajlake(args, model_dir: str, work: Path) -> dict:
     import torch
 
     _threads(args.threads)
-    import trajlake.train.checkpoint as C
+    import trajlake.train.train_run as train_run
     from trajlake.store import Lake
     from trajlake.train.config import TrainConfig
     from trajlake.train.loop import train
@@ -163,7 +163,7 @@ def run_trajlake(args, model_dir: str, work: Path) -> dict:
         dtype="fp32", progress=False,
     )
     ends: list[float] = []
-    commit = C.commit
+    commit = train_run.commit_step  # the train_steps commit, as the run calls it
 
     def timed_commit(*a, **kw):  # the loop's last store write of an iteration
         try:
@@ -171,7 +171,7 @@ def run_trajlake(args, model_dir: str, work: Path) -> dict:
         finally:
             ends.append(time.perf_counter())
 
-    C.commit = timed_commit
+    train_run.commit_step = timed_commit
     lake = Lake.open(str(work / "lake"))
     try:
         t0 = time.perf_counter()
@@ -182,7 +182,7 @@ def run_trajlake(args, model_dir: str, work: Path) -> dict:
             "WHERE e.run_id = 'bench-train/it-1' AND t.turn = 0 AND e.sample_index = 0 ORDER BY e.task_id"
         ).to_dicts()
     finally:
-        C.commit = commit
+        train_run.commit_step = commit
         lake.close()
     by_task = {r["task_id"]: list(r["prompt_token_ids"]) for r in prompt_ids}
     its = []
