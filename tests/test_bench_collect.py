@@ -34,6 +34,7 @@ def test_two_rounds_print_each_ratio_and_the_median(bench, tmp_path_factory, cap
     assert float(median[2]) <= float(median[1]) <= float(median[3])
 
 
+@pytest.mark.slow  # over 8 s on 2 cores: `make test` keeps its 8 minutes
 def test_one_side_prints_no_ratio(bench, tmp_path_factory, capsys):
     model = str(tiny_model_dir(tmp_path_factory))
     assert bench.main([*TINY, "--model", model, "--only", "batched"]) == 0

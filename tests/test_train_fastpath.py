@@ -108,7 +108,7 @@ def _step(cfg, model, seqs, monkeypatch=None, *, fast: bool):
     return prep, {**m1, **m2}, flat_params(eng.actor.module)
 
 
-@pytest.mark.parametrize("drop", [True, False])
+@pytest.mark.parametrize("drop", [True, pytest.param(False, marks=pytest.mark.slow)])
 def test_one_step_iteration_matches_the_recompute(model, monkeypatch, drop):
     # 4 groups of 4; with drop_zero_advantage the two all-equal groups are not trained, and pi_old of those
     # rows is still computed for the behaviour_kl metric

@@ -80,6 +80,7 @@ def test_grpo_iteration_end_to_end(model, lake, tmp_path):
     assert got == ["g1/step-1"]
 
 
+@pytest.mark.slow  # over 8 s on 2 cores; PPO's step is tested fast in test_train_steps
 def test_ppo_iteration(model, lake):
     cfg = small_cfg(model, algo="ppo", run_id="p1", tasks=2, samples=1, iterations=1, minibatch_size=2,
                     micro_batch=2, kl_coef=0.05, kl_mode="reward", critic_lr=1e-3, save_optimizer=True)
