@@ -116,14 +116,14 @@ def test_sft_from_store_query(model, lake):
 KILLER = """
 import os, signal, sys
 from trajlake.store import Lake
-from trajlake.train import checkpoint, loop
+from trajlake.train import loop, train_run
 from tests.helpers import small_cfg
-real = checkpoint.commit
+real = train_run.commit_step  # the train_steps commit, as the run calls it
 def commit(lake, **kw):
     if kw["step"] == 2:  # after iteration 2 collected, trained and saved its checkpoint, before recording it
         os.kill(os.getpid(), signal.SIGKILL)
     return real(lake, **kw)
-checkpoint.commit = commit
+train_run.commit_step = commit
 cfg = small_cfg(sys.argv[1], **{CFG})
 loop.train(cfg, Lake.open(sys.argv[2]))
 """
@@ -217,9 +217,9 @@ def test_iterations_without_a_learning_signal_say_so_and_warn(model, lake, tmp_p
     """A reward that is the same for every episode gives every advantage 0: nothing is trained, and the run says
     so in each iteration's metrics and, from NO_SIGNAL_WARN in a row (3; 2 here, to keep the test short), warns
     with the likely cause."""
-    import trajlake.train.loop
+    import trajlake.train.progress
 
-    monkeypatch.setattr(trajlake.train.loop, "NO_SIGNAL_WARN", 2)
+    monkeypatch.setattr(trajlake.train.progress, "NO_SIGNAL_WARN", 2)
     flat = tmp_path / "flat.toml"
     flat.write_text('name = "flat"\n[[components]]\nkind = "sql"\nexpr = "0.5"\n')
     cfg = small_cfg(model, run_id="flat", tasks=2, samples=2, iterations=2, minibatch_size=4, micro_batch=2,
