@@ -263,7 +263,7 @@ def test_missing_inputs_are_named():
             continue
         with pytest.raises(ValueError, match="turn_index"):
             estimator(**base)
-        assert estimator.turn_inputs[0] == "turn_index"
+        assert estimator.turn_inputs[0] == "turn_index", name
 
 
 def test_bad_inputs_and_unknown_names():
