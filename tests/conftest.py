@@ -34,7 +34,10 @@ def pytest_collection_modifyitems(config, items):
 
 def load_bench(name: str):
     """bench/<name>.py as a module (the benchmarks are scripts, not a package)."""
-    path = Path(__file__).resolve().parents[1] / "bench" / f"{name}.py"
+    folder = Path(__file__).resolve().parents[1] / "bench"
+    path = folder / f"{name}.py"
+    if str(folder) not in sys.path:  # as when run as a script: the benches import bench/headline.py by name
+        sys.path.insert(0, str(folder))
     spec = importlib.util.spec_from_file_location(f"bench_{name}", path)
     module = importlib.util.module_from_spec(spec)
     sys.modules[spec.name] = module  # dataclasses look their module up there
