@@ -2,12 +2,17 @@
 
 Three pages, every one a plain HTML file that works the same served (`trajlake view`) and exported
 (`trajlake view --out DIR`): the runs; a run's episodes (filtered and sorted in the page: env, policy,
-success, reward range under the chosen spec), and for an eval run whether its number is held out (how many of
-its tasks the evaluated policy's lineage trained on, and its success on the clean rest); one episode, turn by
-turn: the observation, the reply with each of its tokens shaded by the reward the spec allocated to it
-(`token_rewards`; the value is in each token's title and `data-reward`), and beside the episode's reward its
-group-relative advantage (GRPO's: the reward minus its group's mean, over the group's std), the parsed action,
-format flag, step reward and info. Two episodes, or one episode under two specs, go side by side (`compare`).
+success, reward range under the chosen spec; a run of more than RUN_PAGE_ROWS episodes in parts of that many),
+and for an eval run whether its number is held out (how many of its tasks the evaluated policy's lineage
+trained on, and its success on the clean rest); one episode, turn by turn: the observation, the reply with
+each of its tokens shaded by the reward the spec allocated to it (`token_rewards`; the value is in each
+token's title and `data-reward`), and beside the episode's reward its group-relative advantage (GRPO's: the
+reward minus its group's mean, over the group's std), the parsed action, format flag, step reward and info.
+Two episodes, or one episode under two specs, go side by side (`compare`).
+
+`Pages` reads one page's rows (a few queries, each filtered by the id the page is of, so DuckLake reads only
+the files whose statistics hold it) and renders them with viewer_render's functions; the export reads every
+page's rows in bulk (viewer_export) and renders with the same functions.
 """
 
 from __future__ import annotations
@@ -16,8 +21,18 @@ from functools import lru_cache
 
 from trajlake.core.errors import TrajlakeError
 from trajlake.core.ids import path_component
-from trajlake.evaluate.metrics import held_out_label
-from trajlake.evaluate.viewer_html import attrs, esc, link, page, url_part
+from trajlake.evaluate.viewer_html import esc, link, page, url_part
+from trajlake.evaluate.viewer_render import (
+    RUN_PAGE_ROWS,
+    TokenText,
+    episode_block,
+    episode_page,
+    held_out_block,
+    rewards_from_spans,
+    run_page,
+    runs_page,
+    shade,
+)
 from trajlake.store.reads import eval_contamination, policy_source, reward_spec_names
 from trajlake.store.runs import stored as stored_run
 
@@ -29,9 +44,9 @@ FROM runs r LEFT JOIN episodes e USING (run_id) GROUP BY ALL ORDER BY r.started_
 """
 EPISODES_SQL = """
 SELECT e.episode_id, e.env, e.policy_id, e.task_id, e.sample_index, e.status, e.success, e.env_reward,
-       e.num_turns, e.num_agent_tokens, r.total AS reward
+       e.num_turns, e.num_agent_tokens, r.total AS reward, count(*) OVER () AS total
 FROM episodes e LEFT JOIN episode_rewards r ON r.episode_id = e.episode_id AND r.spec_id = ?
-WHERE e.run_id = ? ORDER BY e.episode_id
+WHERE e.run_id = ? ORDER BY e.episode_id LIMIT ? OFFSET ?
 """
 EPISODE_SQL = """
 SELECT e.*, t.instruction, r.total AS reward,
@@ -43,37 +58,39 @@ WHERE e.group_id IS NOT DISTINCT FROM (SELECT group_id FROM episodes WHERE episo
   AND (e.group_id IS NOT NULL OR e.episode_id = ?)
 WINDOW g AS (PARTITION BY e.group_id)
 """
-TURNS_SQL = """SELECT turn, observation, action_text, action, format_ok, step_reward, done, info::VARCHAR AS info,
-prompt_token_ids, response_token_ids FROM turns WHERE episode_id = ? ORDER BY turn"""
-TOKEN_REWARDS_SQL = "SELECT position, reward FROM token_rewards WHERE spec_id = ? AND episode_id = ?"
-
-
-def _rate(value, wins, n) -> str:
-    """A success rate with what it is over ("0.50 (2 of 4 episodes)"); "none" when nothing is under it."""
-    return "none" if value is None or not n else f"{value:.2f} ({wins} of {n} episodes)"
+#: the prompt's stored id count, not its ids: a page needs only where each reply starts
+TURN_COLUMNS = """turn, observation, action_text, action, format_ok, step_reward, done, info::VARCHAR AS info,
+num_prompt_tokens, response_token_ids"""
+TURNS_SQL = f"SELECT {TURN_COLUMNS} FROM turns WHERE episode_id = ? ORDER BY turn"
+#: the token rewards as `reward_spans` rows (one per agent segment), expanded by `rewards_from_spans`
+SPANS_SQL = "SELECT position, length, reward FROM reward_spans WHERE spec_id = ? AND episode_id = ?"
 
 
 class Links:
     """Where the pages are: served (`/run?id=<id>&spec=<spec>`: a query value, because a browser collapses a
     path segment `.` or `..` even percent-encoded) or exported (`runs/<file>.html`, relative to the page). Every
     id is quoted as one URL component; an exported page's file name is `page_file(id)`, and its link quotes
-    that name again, because a browser decodes %XX in a path before it opens the file."""
+    that name again, because a browser decodes %XX in a path before it opens the file. Part N > 1 of a long
+    run is `&page=N` served and `page_file(id, N)` exported."""
 
     def __init__(self, static: bool):
         self.static = static
 
     @staticmethod
-    def page_file(an_id: str) -> str:
-        """The exported page of an id: one safe file name (no separator, `..` or control character)."""
-        return path_component(an_id) + ".html"
+    def page_file(an_id: str, part: int = 1) -> str:
+        """The exported page of an id: one safe file name (no separator, `..` or control character); part N > 1
+        of a run adds `%pN`, which no id's own name holds (`path_component` writes `%` only before two hex
+        digits or `~`)."""
+        return path_component(an_id) + (f"%p{int(part)}" if part != 1 else "") + ".html"
 
-    def _to(self, folder: str, route: str, an_id: str, spec: str | None, depth: int) -> str:
+    def _to(self, folder: str, route: str, an_id: str, spec: str | None, depth: int, part: int = 1) -> str:
         if self.static:
-            return "../" * depth + f"{folder}/{url_part(self.page_file(an_id))}"
-        return f"/{route}?id={url_part(an_id)}" + (f"&spec={url_part(spec)}" if spec else "")
+            return "../" * depth + f"{folder}/{url_part(self.page_file(an_id, part))}"
+        return (f"/{route}?id={url_part(an_id)}" + (f"&spec={url_part(spec)}" if spec else "")
+                + (f"&page={int(part)}" if part != 1 else ""))
 
-    def run(self, run_id: str, spec: str | None, depth: int = 0) -> str:
-        return self._to("runs", "run", run_id, spec, depth)
+    def run(self, run_id: str, spec: str | None, depth: int = 0, part: int = 1) -> str:
+        return self._to("runs", "run", run_id, spec, depth, part)
 
     def episode(self, episode_id: str, spec: str | None, depth: int = 0) -> str:
         return self._to("episodes", "episode", episode_id, spec, depth)
@@ -82,26 +99,23 @@ class Links:
         return ("../" * depth + "index.html") if self.static else "/"
 
 
-def shade(reward: float, scale: float) -> str:
-    """A background for a token's reward: green for a positive one, red for a negative, stronger the larger."""
-    if not reward or not scale:
-        return "transparent"
-    a = min(1.0, abs(reward) / scale) * 0.75 + 0.1
-    return f"rgba(0,160,60,{a:.2f})" if reward > 0 else f"rgba(220,40,40,{a:.2f})"
-
-
 class Pages:
-    """The viewer's pages over `lake` at `snapshot`, rewards under spec `spec` (a spec id; None: none).
-    Every value from the lake goes through `esc`, every id in a link through `Links` (see viewer_html)."""
+    """The viewer's pages over `lake` at `snapshot`, rewards under spec `spec` (a spec id; None: none): each
+    method reads one page's rows and renders them with viewer_render's functions (the export renders with the
+    same functions from rows it reads in bulk)."""
 
     def __init__(self, lake, snapshot: int, spec: str | None, links: Links):
         self.lake, self.snapshot, self.spec, self.links = lake, snapshot, spec, links
+        self._specs: list[tuple[str, str]] | None = None
 
     def q(self, sql: str, params: list | None = None):
         return self.lake.query(sql, params, snapshot=self.snapshot)
 
     def specs(self) -> list[tuple[str, str]]:
-        return reward_spec_names(self.lake, snapshot=self.snapshot)
+        """The lake's (spec id, name) pairs, read once per Pages (a page asks twice: the check and its line)."""
+        if self._specs is None:
+            self._specs = reward_spec_names(self.lake, snapshot=self.snapshot)
+        return self._specs
 
     def check_spec(self, spec: str | None) -> None:
         """A spec id someone asked for (a query parameter, --spec) must be one the lake has: an unknown one
@@ -110,7 +124,8 @@ class Pages:
             raise TrajlakeError(f"no reward spec {spec!r} at snapshot {self.snapshot} "
                                 "(trajlake sql \"SELECT spec_id, name FROM reward_specs\" lists them)")
 
-    def _spec_line(self, make_link) -> str:
+    def spec_line(self, make_link) -> str:
+        """Which spec the rewards are under: exported, its id; served, a link to each spec's same page."""
         if self.links.static:
             return f"<p class=\"muted\">rewards under spec {esc(self.spec or 'none')}</p>"
         items = [link(make_link(sid), f"{name} ({sid})") if sid != self.spec else f"<b>{esc(f'{name} ({sid})')}</b>"
@@ -118,82 +133,30 @@ class Pages:
         return f"<p>rewards under spec: {' | '.join(items) or 'none scored yet'}</p>"
 
     def runs(self) -> str:
-        rows = self.q(RUNS_SQL).to_dicts()
-        body = [f"<h1>Runs</h1><p class=\"muted\">lake snapshot {esc(self.snapshot)}; {len(rows)} runs</p>",
-                "<table id=\"runs\"><tr><th>run</th><th>kind</th><th>status</th><th>parent</th><th>episodes</th>"
-                "<th>success</th><th>envs</th><th>policies</th><th>started</th></tr>"]
-        for r in rows:
-            name = link(self.links.run(r["run_id"], self.spec), r["run_id"]) if r["episodes"] else esc(r["run_id"])
-            cells = [esc(r[k]) for k in ("kind", "status", "parent_run_id", "episodes", "success_rate", "envs",
-                                         "policies", "started_at")]
-            body.append(f"<tr><td>{name}</td>" + "".join(f"<td>{c}</td>" for c in cells) + "</tr>")
-        return page("trajlake runs", "".join(body) + "</table>")
+        return runs_page(self.q(RUNS_SQL).to_dicts(), self.snapshot, self.links, self.spec)
 
-    def run(self, run_id: str) -> str:
-        rows = self.q(EPISODES_SQL, [self.spec, run_id]).to_dicts()
+    def run(self, run_id: str, part: int = 1) -> str:
+        """Part `part` (from 1) of run `run_id`'s episodes: RUN_PAGE_ROWS of them, by id."""
+        if part < 1:
+            raise TrajlakeError(f"no page {part} of run {run_id!r}: pages count from 1")
+        rows = self.q(EPISODES_SQL, [self.spec, run_id, RUN_PAGE_ROWS, (part - 1) * RUN_PAGE_ROWS]).to_dicts()
         if not rows:
+            if part > 1 and self.q("SELECT 1 FROM episodes WHERE run_id = ? LIMIT 1", [run_id]).height:
+                raise TrajlakeError(f"no page {part} of run {run_id!r} at snapshot {self.snapshot}")
             raise TrajlakeError(f"no episodes in run {run_id!r} at snapshot {self.snapshot}")
-        envs = sorted({r["env"] for r in rows if r["env"]})
-        cols = [("episode", "id", False), ("env", "env", False), ("policy", "policy", False), ("task", "task", False),
-                ("sample", "sample", True), ("status", "status", False), ("success", "success", False),
-                ("env reward", "envreward", True), ("turns", "turns", True), ("agent tokens", "tokens", True),
-                ("reward", "reward", True)]
-        # the script attaches the sort listeners to these links (no onclick=: the CSP forbids it)
-        head = "".join(f"<th>{link('#', t, data_sort=k, data_num=int(num))}</th>" for t, k, num in cols)
-        depth = 1 if self.links.static else 0
-        lines = []
-        for r in rows:
-            data = {"id": r["episode_id"], "env": r["env"], "policy": r["policy_id"], "task": r["task_id"],
-                    "sample": r["sample_index"], "status": r["status"], "success": str(r["success"]).lower(),
-                    "envreward": r["env_reward"], "turns": r["num_turns"], "tokens": r["num_agent_tokens"],
-                    "reward": r["reward"]}
-            cells = [link(self.links.episode(r["episode_id"], self.spec, depth), r["episode_id"][:8],
-                          title=r["episode_id"])] + [esc(data[k]) for _, k, _ in cols[1:]]
-            lines.append(f"<tr{attrs(**{f'data_{k}': v for k, v in data.items()})}>"
-                         + "".join(f"<td>{c}</td>" for c in cells) + "</tr>")
-        env_options = "".join(f"<option>{esc(e)}</option>" for e in envs)
-        filters = ("<form id=\"filters\" class=\"filters\">env <select name=\"env\"><option value=\"\">all</option>"
-                   f"{env_options}</select> policy <input name=\"policy\"> success <select name=\"success\"><option "
-                   "value=\"\">all</option><option>true</option><option>false</option></select> reward from <input "
-                   "name=\"min_reward\"> to <input name=\"max_reward\"> "
-                   f"&nbsp;<span id=\"shown\">{len(rows)}</span> of {len(rows)} shown</form>")
-        body = (f"<p>{link(self.links.index(depth), 'runs')}</p><h1>Run {esc(run_id)}</h1>"
-                + self._held_out(run_id) + self._spec_line(lambda s: self.links.run(run_id, s)) + filters
-                + f"<table id=\"episodes\"><thead><tr>{head}</tr></thead><tbody>{''.join(lines)}</tbody></table>")
-        return page(f"run {run_id}", body)
+        return self.run_from(run_id, rows, total=rows[0]["total"], part=part, held_out=self._held_out(run_id))
+
+    def run_from(self, run_id: str, rows: list[dict], *, total: int, part: int, held_out: str) -> str:
+        """A run page from rows already read (EPISODES_SQL's columns)."""
+        return run_page(run_id, rows, total=total, part=part, links=self.links, spec=self.spec, held_out=held_out,
+                        spec_line=self.spec_line(lambda s: self.links.run(run_id, s, part=part)))
 
     def _held_out(self, run_id: str) -> str:
-        """An eval run's summary of whether its number is held out ('' for a run of another kind): per env and
-        split, the evaluated policy's tasks that share a task id or goal with what its lineage trained on, its
-        success and the success on the clean tasks, labelled by `held_out_label`. A run whose tasks are not all
-        clean opens with that label in a banner, so its success is not read as a held-out number."""
+        """An eval run's held-out summary (`held_out_block`); '' for a run of another kind."""
         run = stored_run(self.lake, run_id, snapshot=self.snapshot)
         if run is None or run.kind != "eval":
             return ""
-        rows = eval_contamination(self.lake, [run_id], snapshot=self.snapshot).to_dicts()  # per env and split
-        if not rows:
-            return "<p class=\"muted\" id=\"held-out\">held out: no played episodes to measure (env errors only)</p>"
-        banners, lines = [], []
-        for r in rows:
-            label = held_out_label(r["contaminated_tasks"], r["tasks"])
-            where = f"{r['env']}, split {r['split'] or '?'}, policy {r['policy_id']}"
-            if r["contaminated_tasks"]:
-                banners.append(
-                    f"<p class=\"notclean\">{esc(label)} ({esc(where)}): its success "
-                    f"{esc(_rate(r['success_rate'], r['successes'], r['episodes']))} is not a held-out number; on "
-                    f"the {esc(r['clean_tasks'])} clean tasks: "
-                    f"{esc(_rate(r['clean_success_rate'], r['clean_successes'], r['clean_episodes']))}</p>")
-            cells = [r["policy_id"], r["env"], r["split"], r["tasks"], r["contaminated_tasks"],
-                     _rate(r["success_rate"], r["successes"], r["episodes"]), r["clean_tasks"],
-                     _rate(r["clean_success_rate"], r["clean_successes"], r["clean_episodes"])]
-            mark = "clean" if not r["contaminated_tasks"] else "notclean"
-            lines.append("<tr>" + "".join(f"<td>{esc(c)}</td>" for c in cells)
-                         + f"<td{attrs(class_=mark)}>{esc(label)}</td></tr>")
-        head = "".join(f"<th>{t}</th>" for t in ("policy", "env", "split", "tasks", "trained on", "success",
-                                                  "clean tasks", "clean success", "held out"))
-        return ("".join(banners) + "<p>held out? tasks that share a task id or a goal with an episode the policy's "
-                "lineage trained on (<code>trajlake sql --file docs/queries/contamination.sql</code>):</p>"
-                f"<table id=\"held-out\"><tr>{head}</tr>{''.join(lines)}</table>")
+        return held_out_block(eval_contamination(self.lake, [run_id], snapshot=self.snapshot).to_dicts())
 
     def _episode(self, episode_id: str, spec: str | None) -> str:
         """One episode's block (header and turns) under `spec`."""
@@ -202,46 +165,17 @@ class Pages:
         if ep is None:
             raise TrajlakeError(f"no episode {episode_id!r} at snapshot {self.snapshot}")
         turns = self.q(TURNS_SQL, [episode_id]).to_dicts()
-        rewards = dict(self.q(TOKEN_REWARDS_SQL, [spec, episode_id]).rows()) if spec else {}
-        scale = max((abs(v) for v in rewards.values()), default=0.0)
-        tok = self._tokenizer(ep["run_id"], ep["policy_id"])
-        adv = ep["advantage"]
-        head = (f"<h2>Episode {esc(episode_id)}</h2><p>env {esc(ep['env'])}, task {esc(ep['task_id'])}, policy "
-                f"{esc(ep['policy_id'])}, run {esc(ep['run_id'])}; status {esc(ep['status'])}, success "
-                f"<b id=\"success\">{esc(ep['success'])}</b>, env reward {esc(ep['env_reward'])}; reward "
-                f"<b{attrs(id='reward', data_spec=spec)}>{esc(ep['reward'])}</b> under spec {esc(spec or 'none')}"
-                + (f", advantage <b id=\"advantage\">{adv:.3f}</b> (group of {esc(ep['group_size'])}: reward minus "
-                   "the group's mean, over its std)" if adv is not None else "") + "</p>"
-                + (f"<p class=\"instruction\">instruction: {esc(ep['instruction'])}</p>" if ep["instruction"] else "")
-                + (f"<p class=\"error\">error: {esc(ep['error'])}</p>" if ep["error"] else ""))
-        blocks, position = [], 0
-        for t in turns:
-            p, a = list(t["prompt_token_ids"] or ()), list(t["response_token_ids"] or ())
-            position += len(p)
-            if tok is not None and a:
-                spans = []
-                for k, token in enumerate(a):
-                    r = rewards.get(position + k, 0.0)
-                    # the colour goes in data-shade for the script to apply: the CSP forbids style= attributes
-                    spans.append(f"<span{attrs(class_='tok', data_position=position + k, data_reward=r)}"
-                                 f"{attrs(title=f'token {token}, reward {r:g}', data_shade=shade(r, scale))}>"
-                                 f"{esc(tok.decode([token]))}</span>")
-                reply = "".join(spans)
-            else:
-                reply = esc(t["action_text"])
-            position += len(a)
-            blocks.append(f"<div{attrs(class_='turn', data_turn=t['turn'])}><b>turn {esc(t['turn'])}</b>"
-                          f"<div class=\"obs\">{esc(t['observation'])}</div><div class=\"reply\">{reply}</div><p>"
-                          f"action <code>{esc(t['action'])}</code>, format ok {esc(t['format_ok'])}, step reward "
-                          f"{esc(t['step_reward'])}, done {esc(t['done'])}, info <code>{esc(t['info'] or '{}')}</code>"
-                          "</p></div>")
-        return head + "".join(blocks)
+        rewards = rewards_from_spans(self.q(SPANS_SQL, [spec, episode_id]).rows()) if spec else {}
+        tok = _tokenizer_for(self.lake, self.snapshot, ep["run_id"], ep["policy_id"])
+        return episode_block(episode_id, ep, turns, rewards, None if tok is None else TokenText(tok), spec)
 
     def episode(self, episode_id: str) -> str:
-        depth = 1 if self.links.static else 0
-        nav = f"<p>{link(self.links.index(depth), 'runs')}</p>"
-        return page(f"episode {episode_id}", nav + self._spec_line(lambda s: self.links.episode(episode_id, s))
-                    + self._episode(episode_id, self.spec))
+        return self.episode_from(episode_id, self._episode(episode_id, self.spec))
+
+    def episode_from(self, episode_id: str, block: str) -> str:
+        """An episode page around its block (`episode_block` under this spec)."""
+        return episode_page(episode_id, block, self.links,
+                            self.spec_line(lambda s: self.links.episode(episode_id, s)))
 
     def compare(self, a: str, b: str, spec_b: str | None = None) -> str:
         """Episodes `a` and `b` side by side (the same spec), or `a` under this spec and `spec_b`."""
@@ -250,10 +184,6 @@ class Pages:
         right = self._episode(b, spec_b or self.spec)
         return page(f"compare {a} {b}", f"<p>{link(self.links.index(), 'runs')}</p><div class=\"side\">"
                     f"<div id=\"left\">{left}</div><div id=\"right\">{right}</div></div>")
-
-    def _tokenizer(self, run_id: str | None, policy_id: str | None):
-        return _tokenizer_for(self.lake, self.snapshot, run_id, policy_id)
-
 
 @lru_cache(maxsize=32)
 def _tokenizer_for(lake, snapshot: int, run_id: str | None, policy_id: str | None):
@@ -277,3 +207,7 @@ def _tokenizer_for(lake, snapshot: int, run_id: str | None, policy_id: str | Non
             except Exception:  # a folder moved or deleted since: try the next
                 continue
     return None
+
+
+__all__ = ["EPISODES_SQL", "EPISODE_SQL", "RUNS_SQL", "RUN_PAGE_ROWS", "SPANS_SQL", "TURNS_SQL", "Links", "Pages",
+           "shade"]

@@ -1,0 +1,203 @@
+"""The viewer's page renderers: pure functions from rows already read to HTML, no lake access.
+
+`viewer_pages.Pages` (served pages, and any one page) reads one page's rows and calls these; the static
+export (`viewer_export`) reads the rows of every page in a few bulk queries and calls the very same
+functions, so a page is the same bytes whichever way it was read. Every value from the lake goes through
+`esc`, every id in a link through the `links` object (`viewer_pages.Links`), as viewer_html says.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+
+from trajlake.evaluate.metrics import held_out_label
+from trajlake.evaluate.viewer_html import attrs, esc, link, page
+
+#: the most episodes one run page lists; a longer run is split into parts (`?page=N`, `<run>%pN.html`), so
+#: a run of 100,000 episodes answers as fast as one of 5,000 and its page stays a size a browser opens
+RUN_PAGE_ROWS = 5000
+
+#: the run page's columns: (header, data-* key, sorted as a number)
+RUN_COLUMNS = [("episode", "id", False), ("env", "env", False), ("policy", "policy", False), ("task", "task", False),
+               ("sample", "sample", True), ("status", "status", False), ("success", "success", False),
+               ("env reward", "envreward", True), ("turns", "turns", True), ("agent tokens", "tokens", True),
+               ("reward", "reward", True)]
+
+
+def _rate(value, wins, n) -> str:
+    """A success rate with what it is over ("0.50 (2 of 4 episodes)"); "none" when nothing is under it."""
+    return "none" if value is None or not n else f"{value:.2f} ({wins} of {n} episodes)"
+
+
+def shade(reward: float, scale: float) -> str:
+    """A background for a token's reward: green for a positive one, red for a negative, stronger the larger."""
+    if not reward or not scale:
+        return "transparent"
+    a = min(1.0, abs(reward) / scale) * 0.75 + 0.1
+    return f"rgba(0,160,60,{a:.2f})" if reward > 0 else f"rgba(220,40,40,{a:.2f})"
+
+
+class TokenText:
+    """One reply token as escaped page text (`esc(tok.decode([id]))`), remembered per id: a tokenizer's
+    decode call costs tens of microseconds, and an export decodes the same few thousand ids millions of times."""
+
+    def __init__(self, tokenizer):
+        self.tokenizer, self._seen = tokenizer, {}
+
+    def __call__(self, token: int) -> str:
+        text = self._seen.get(token)
+        if text is None:
+            text = self._seen[token] = esc(self.tokenizer.decode([token]))
+        return text
+
+
+def rewards_from_spans(spans: Iterable[tuple[int, int, float]]) -> dict[int, float]:
+    """position -> reward from `reward_spans` rows (position, length, reward): their expansion, which is exactly
+    the `token_rewards` view (schemas/views.py), read as one row per agent segment instead of one per token."""
+    out: dict[int, float] = {}
+    for position, length, reward in spans:
+        for p in range(position, position + length):
+            out[p] = reward
+    return out
+
+
+def runs_page(rows: list[dict], snapshot: int, links, spec: str | None) -> str:
+    """The index: every run (RUNS_SQL's rows), linked to its page when it has episodes."""
+    body = [f"<h1>Runs</h1><p class=\"muted\">lake snapshot {esc(snapshot)}; {len(rows)} runs</p>",
+            "<table id=\"runs\"><tr><th>run</th><th>kind</th><th>status</th><th>parent</th><th>episodes</th>"
+            "<th>success</th><th>envs</th><th>policies</th><th>started</th></tr>"]
+    for r in rows:
+        name = link(links.run(r["run_id"], spec), r["run_id"]) if r["episodes"] else esc(r["run_id"])
+        cells = [esc(r[k]) for k in ("kind", "status", "parent_run_id", "episodes", "success_rate", "envs",
+                                     "policies", "started_at")]
+        body.append(f"<tr><td>{name}</td>" + "".join(f"<td>{c}</td>" for c in cells) + "</tr>")
+    return page("trajlake runs", "".join(body) + "</table>")
+
+
+def _parts_line(run_id: str, part: int, shown: int, total: int, links, spec: str | None, depth: int) -> str:
+    """Where this part of a long run is, with links to the parts before and after ('' for a run on one page)."""
+    if total <= RUN_PAGE_ROWS:
+        return ""
+    first = (part - 1) * RUN_PAGE_ROWS + 1
+    parts = -(-total // RUN_PAGE_ROWS)
+    nav = [link(links.run(run_id, spec, depth, part - 1), "previous") if part > 1 else "",
+           link(links.run(run_id, spec, depth, part + 1), "next") if part < parts else ""]
+    return (f"<p class=\"muted\" id=\"parts\">showing episodes {first:,} to {first + shown - 1:,} of {total:,} "
+            f"(by id; part {part} of {parts}: the filters and sorting apply to these) "
+            + " ".join(n for n in nav if n) + "</p>")
+
+
+def run_page(run_id: str, rows: list[dict], *, total: int, part: int, links, spec: str | None, held_out: str,
+             spec_line: str) -> str:
+    """One part of a run's episodes (EPISODES_SQL's rows: at most RUN_PAGE_ROWS of `total`), with its
+    held-out summary and spec line (HTML already built) above the filters."""
+    envs = sorted({r["env"] for r in rows if r["env"]})
+    # the script attaches the sort listeners to these links (no onclick=: the CSP forbids it)
+    head = "".join(f"<th>{link('#', t, data_sort=k, data_num=int(num))}</th>" for t, k, num in RUN_COLUMNS)
+    depth = 1 if links.static else 0
+    lines = []
+    for r in rows:
+        data = {"id": r["episode_id"], "env": r["env"], "policy": r["policy_id"], "task": r["task_id"],
+                "sample": r["sample_index"], "status": r["status"], "success": str(r["success"]).lower(),
+                "envreward": r["env_reward"], "turns": r["num_turns"], "tokens": r["num_agent_tokens"],
+                "reward": r["reward"]}
+        cells = [link(links.episode(r["episode_id"], spec, depth), r["episode_id"][:8],
+                      title=r["episode_id"])] + [esc(data[k]) for _, k, _ in RUN_COLUMNS[1:]]
+        lines.append(f"<tr{attrs(**{f'data_{k}': v for k, v in data.items()})}>"
+                     + "".join(f"<td>{c}</td>" for c in cells) + "</tr>")
+    env_options = "".join(f"<option>{esc(e)}</option>" for e in envs)
+    filters = ("<form id=\"filters\" class=\"filters\">env <select name=\"env\"><option value=\"\">all</option>"
+               f"{env_options}</select> policy <input name=\"policy\"> success <select name=\"success\"><option "
+               "value=\"\">all</option><option>true</option><option>false</option></select> reward from <input "
+               "name=\"min_reward\"> to <input name=\"max_reward\"> "
+               f"&nbsp;<span id=\"shown\">{len(rows)}</span> of {len(rows)} shown</form>")
+    body = (f"<p>{link(links.index(depth), 'runs')}</p><h1>Run {esc(run_id)}</h1>" + held_out + spec_line
+            + _parts_line(run_id, part, len(rows), total, links, spec, depth) + filters
+            + f"<table id=\"episodes\"><thead><tr>{head}</tr></thead><tbody>{''.join(lines)}</tbody></table>")
+    return page(f"run {run_id}", body)
+
+
+def held_out_block(rows: list[dict]) -> str:
+    """An eval run's summary of whether its number is held out, from its `eval_contamination` rows (per env and
+    split): the evaluated policy's tasks that share a task id or goal with what its lineage trained on, its
+    success and the success on the clean tasks, labelled by `held_out_label`. A run whose tasks are not all
+    clean opens with that label in a banner, so its success is not read as a held-out number."""
+    if not rows:
+        return "<p class=\"muted\" id=\"held-out\">held out: no played episodes to measure (env errors only)</p>"
+    banners, lines = [], []
+    for r in rows:
+        label = held_out_label(r["contaminated_tasks"], r["tasks"])
+        where = f"{r['env']}, split {r['split'] or '?'}, policy {r['policy_id']}"
+        if r["contaminated_tasks"]:
+            banners.append(
+                f"<p class=\"notclean\">{esc(label)} ({esc(where)}): its success "
+                f"{esc(_rate(r['success_rate'], r['successes'], r['episodes']))} is not a held-out number; on "
+                f"the {esc(r['clean_tasks'])} clean tasks: "
+                f"{esc(_rate(r['clean_success_rate'], r['clean_successes'], r['clean_episodes']))}</p>")
+        cells = [r["policy_id"], r["env"], r["split"], r["tasks"], r["contaminated_tasks"],
+                 _rate(r["success_rate"], r["successes"], r["episodes"]), r["clean_tasks"],
+                 _rate(r["clean_success_rate"], r["clean_successes"], r["clean_episodes"])]
+        mark = "clean" if not r["contaminated_tasks"] else "notclean"
+        lines.append("<tr>" + "".join(f"<td>{esc(c)}</td>" for c in cells)
+                     + f"<td{attrs(class_=mark)}>{esc(label)}</td></tr>")
+    head = "".join(f"<th>{t}</th>" for t in ("policy", "env", "split", "tasks", "trained on", "success",
+                                              "clean tasks", "clean success", "held out"))
+    return ("".join(banners) + "<p>held out? tasks that share a task id or a goal with an episode the policy's "
+            "lineage trained on (<code>trajlake sql --file docs/queries/contamination.sql</code>):</p>"
+            f"<table id=\"held-out\"><tr>{head}</tr>{''.join(lines)}</table>")
+
+
+def _reply(response: list[int], position: int, rewards: dict[int, float], scale: float,
+           token_text: Callable[[int], str]) -> str:
+    """A reply's tokens, each a span with its position, reward and shade. The numbers are written without
+    `esc`: str() of an int or a float holds no character it would change (each span costs microseconds, and
+    an export writes millions); the token's text is escaped by `token_text`."""
+    spans = []
+    for k, token in enumerate(response):
+        r = rewards.get(position + k, 0.0)
+        # the colour goes in data-shade for the script to apply: the CSP forbids style= attributes
+        spans.append(f"<span class=\"tok\" data-position=\"{position + k}\" data-reward=\"{r}\" "
+                     f"title=\"token {int(token)}, reward {r:g}\" data-shade=\"{shade(r, scale)}\">"
+                     f"{token_text(token)}</span>")
+    return "".join(spans)
+
+
+def episode_block(episode_id: str, ep: dict, turns: list[dict], rewards: dict[int, float],
+                  token_text: Callable[[int], str] | None, spec: str | None) -> str:
+    """One episode's block (header and turns) under `spec`: `ep` its EPISODE_SQL row, `turns` its TURNS_SQL
+    rows in turn order, `rewards` its token rewards by position, `token_text` its tokenizer's (a TokenText;
+    None: replies are shown as text)."""
+    scale = max((abs(v) for v in rewards.values()), default=0.0)
+    adv = ep["advantage"]
+    head = (f"<h2>Episode {esc(episode_id)}</h2><p>env {esc(ep['env'])}, task {esc(ep['task_id'])}, policy "
+            f"{esc(ep['policy_id'])}, run {esc(ep['run_id'])}; status {esc(ep['status'])}, success "
+            f"<b id=\"success\">{esc(ep['success'])}</b>, env reward {esc(ep['env_reward'])}; reward "
+            f"<b{attrs(id='reward', data_spec=spec)}>{esc(ep['reward'])}</b> under spec {esc(spec or 'none')}"
+            + (f", advantage <b id=\"advantage\">{adv:.3f}</b> (group of {esc(ep['group_size'])}: reward minus "
+               "the group's mean, over its std)" if adv is not None else "") + "</p>"
+            + (f"<p class=\"instruction\">instruction: {esc(ep['instruction'])}</p>" if ep["instruction"] else "")
+            + (f"<p class=\"error\">error: {esc(ep['error'])}</p>" if ep["error"] else ""))
+    blocks, position = [], 0
+    for t in turns:
+        a = t["response_token_ids"] or ()
+        # the store's count of the prompt ids (0 for none): the positions token_rewards gives are counted so
+        position += t["num_prompt_tokens"] or 0
+        reply = (_reply(a, position, rewards, scale, token_text) if token_text is not None and a
+                 else esc(t["action_text"]))
+        position += len(a)
+        blocks.append(f"<div{attrs(class_='turn', data_turn=t['turn'])}><b>turn {esc(t['turn'])}</b>"
+                      f"<div class=\"obs\">{esc(t['observation'])}</div><div class=\"reply\">{reply}</div><p>"
+                      f"action <code>{esc(t['action'])}</code>, format ok {esc(t['format_ok'])}, step reward "
+                      f"{esc(t['step_reward'])}, done {esc(t['done'])}, info <code>{esc(t['info'] or '{}')}</code>"
+                      "</p></div>")
+    return head + "".join(blocks)
+
+
+def episode_page(episode_id: str, block: str, links, spec_line: str) -> str:
+    """An episode's page: the way back to the runs, the spec line, and its block (`episode_block`)."""
+    depth = 1 if links.static else 0
+    return page(f"episode {episode_id}", f"<p>{link(links.index(depth), 'runs')}</p>" + spec_line + block)
+
+
+__all__ = ["RUN_PAGE_ROWS", "TokenText", "episode_block", "episode_page", "held_out_block", "rewards_from_spans",
+           "run_page", "runs_page", "shade"]
