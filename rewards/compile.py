@@ -9,6 +9,7 @@ in as tables named `py_<component>`.
 from __future__ import annotations
 
 from trajlake.core.sql_text import sql_str
+from trajlake.rewards import allocation
 from trajlake.rewards.components import get_kind
 from trajlake.rewards.spec import RewardSpec
 
@@ -52,12 +53,13 @@ def needs_prev_observation(spec: RewardSpec) -> bool:
 
 
 def compile_query(spec: RewardSpec, *, where: str | None = None, only_new: bool = True,
-                  components: str = "map") -> str:
+                  components: str = "map", spans: bool = False) -> str:
     """The scoring query: one row per episode with spec_id, episode_id, total, components.
 
     components="map": the components as one MAP column (name -> value); components="columns": one DOUBLE
     column c_<name> per component instead (`score` builds the map in Arrow, where it costs nothing, while
-    DuckDB's MAP() checks each row's keys).
+    DuckDB's MAP() checks each row's keys). spans=True: also a `spans` column, the episode's token allocation as
+    a list of reward_spans' (turn, position, length, reward), computed from the same turns (rewards/allocation.py).
     """
     if components not in ("map", "columns"):
         raise ValueError(f"components must be 'map' or 'columns', got {components!r}")
@@ -71,9 +73,20 @@ def compile_query(spec: RewardSpec, *, where: str | None = None, only_new: bool 
         if kind.compute is not None:  # values computed outside SQL, joined as a table (score.py makes it)
             py_joins.append(f"LEFT JOIN py_{c.name} USING (episode_id)")
     tcols = "".join(f", {sql} AS {alias}" for alias, sql in turn_columns(spec).items())
+    # with spans: the turns pass one window (each segment's place) on their way to the aggregates, which also
+    # collect the segments; the spans are made from them once the total is known
+    per_turn = spec.allocation.strategy == "per_turn"
+    source, seg_cte, seg_out, spans_out = "tu", "", "", ""
+    if spans:
+        process = process_reward_sql(spec) if per_turn else None
+        tcols += f", {process or 'CAST(0 AS DOUBLE)'} AS seg__process" if per_turn else ""
+        seg_cte = f"seg AS (SELECT *{allocation.segment_columns(per_turn)} FROM tu {allocation.SEGMENT_WINDOW}),\n"
+        source = "seg"
+        aggregates.update(allocation.segment_aggregates(per_turn))
+        seg_out, spans_out = ", agg.seg__agent, agg.seg__list", ", " + allocation.spans_sql(spec)
     agg_sql = ", ".join(f"{sql} AS {alias}" for alias, sql in aggregates.items())
-    agg_cte = (f"agg AS (SELECT episode_id, {agg_sql} FROM tu GROUP BY episode_id)" if aggregates
-               else "agg AS (SELECT DISTINCT episode_id FROM tu)")
+    agg_cte = (f"agg AS (SELECT episode_id, {agg_sql} FROM {source} GROUP BY episode_id)" if aggregates
+               else f"agg AS (SELECT DISTINCT episode_id FROM {source})")
     comp_cols = ", ".join(f"CAST({sql} AS DOUBLE) AS c_{name}" for name, sql in values.items())
     total = " + ".join(f"{c.weight!r} * c_{c.name}" for c in spec.components)
     names = ", ".join(sql_str(c.name) for c in spec.components)
@@ -84,22 +97,30 @@ def compile_query(spec: RewardSpec, *, where: str | None = None, only_new: bool 
 WITH ep AS ({episodes_cte(spec, where, only_new)}),
 tu0 AS (SELECT *{prev} FROM turns WHERE episode_id IN (SELECT episode_id FROM ep)),
 tu AS (SELECT *{tcols} FROM tu0),
-{agg_cte},
-vals AS (SELECT ep.episode_id, {comp_cols} FROM ep LEFT JOIN agg USING (episode_id) {' '.join(py_joins)})
-SELECT {sql_str(spec.spec_id)} AS spec_id, episode_id, {total} AS total, {out}
-FROM vals ORDER BY episode_id
+{seg_cte}{agg_cte},
+vals AS (SELECT ep.episode_id, {comp_cols}{seg_out} FROM ep LEFT JOIN agg USING (episode_id) {' '.join(py_joins)}),
+scored AS (SELECT *, {total} AS total FROM vals)
+SELECT {sql_str(spec.spec_id)} AS spec_id, episode_id, total, {out}{spans_out}
+FROM scored ORDER BY episode_id
 """
 
 
-def turn_rewards_query(spec: RewardSpec, episode_ids_table: str) -> str | None:
-    """Per-turn weighted process rewards (for `per_turn` allocation); None when the spec has none."""
+def process_reward_sql(spec: RewardSpec) -> str | None:
+    """A turn's weighted process rewards as one DOUBLE (what turn_rewards stores); None when the spec has none."""
     parts = [(c, get_kind(c.kind).turn_columns(c.name, c.params)) for c in spec.components
              if get_kind(c.kind).per_turn]
     if not parts:
         return None
-    expr = " + ".join(f"{c.weight!r} * ({sql})" for c, cols in parts for sql in cols.values())
+    return "CAST(" + " + ".join(f"{c.weight!r} * ({sql})" for c, cols in parts for sql in cols.values()) + " AS DOUBLE)"
+
+
+def turn_rewards_query(spec: RewardSpec, episode_ids_table: str) -> str | None:
+    """Per-turn weighted process rewards (for `per_turn` allocation); None when the spec has none."""
+    reward = process_reward_sql(spec)
+    if reward is None:
+        return None
     return f"""
-SELECT {sql_str(spec.spec_id)} AS spec_id, episode_id, turn, CAST({expr} AS DOUBLE) AS reward
+SELECT {sql_str(spec.spec_id)} AS spec_id, episode_id, turn, {reward} AS reward
 FROM (SELECT *{PREV_OBSERVATION if needs_prev_observation(spec) else ""}
       FROM turns WHERE episode_id IN (SELECT episode_id FROM {episode_ids_table}))
 """

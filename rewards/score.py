@@ -9,7 +9,7 @@ spec is a no-op, and a new spec re-scores every old rollout without touching it.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import duckdb
 import numpy as np
@@ -18,6 +18,7 @@ import pyarrow.compute as pc
 
 from trajlake.core.clock import utc_now
 from trajlake.core.errors import TrajlakeError
+from trajlake.rewards.allocation import split_spans
 from trajlake.rewards.compile import PY_INPUT_SQL, compile_query, episodes_cte, turn_rewards_query
 from trajlake.rewards.components import get_kind
 from trajlake.rewards.spec import RewardSpec
@@ -37,6 +38,8 @@ class ScoreResult:
     read_snapshot: int
     scored: int
     snapshot: int | None  # the snapshot written, None when nothing was new
+    #: with `score(..., spans=True)`: the scored episodes' token allocation, reward_spans' rows for them
+    spans: pa.Table | None = field(default=None, repr=False, compare=False)
 
     def __str__(self) -> str:
         wrote = f"wrote snapshot {self.snapshot}" if self.snapshot is not None else "nothing new to store"
@@ -60,15 +63,18 @@ def _python_tables(lake: Lake, spec: RewardSpec, where: str | None, snapshot: in
 def with_components_map(result: pa.Table, spec: RewardSpec) -> pa.Table:
     """(spec_id, episode_id, total, c_<name>...) -> (spec_id, episode_id, total, components MAP), built in Arrow.
 
-    The map of row i holds its components in spec order: the values are the c_ columns interleaved by row
-    (a take over their concatenation, so NULLs stay NULL).
+    The map of row i holds its components in spec order: the values are the c_ columns interleaved by row, with
+    numpy when none is NULL, else by a take over their concatenation (so NULLs stay NULL).
     """
     names = [c.name for c in spec.components]
     rows, k = result.num_rows, len(names)
-    cols = [result[f"c_{n}"].combine_chunks() for n in names]
-    order = (np.arange(rows)[:, None] + np.arange(k)[None, :] * rows).ravel()
-    items = pa.concat_arrays([c.cast(pa.float64()) for c in cols]).take(pa.array(order))
-    keys = pa.array(names * rows, pa.string())
+    cols = [result[f"c_{n}"].combine_chunks().cast(pa.float64()) for n in names]
+    if rows and not any(c.null_count for c in cols):
+        items = pa.array(np.column_stack([c.to_numpy() for c in cols]).ravel())
+    else:
+        order = (np.arange(rows)[:, None] + np.arange(k)[None, :] * rows).ravel()
+        items = pa.concat_arrays(cols).take(pa.array(order))
+    keys = pa.array(names, pa.string()).take(pa.array(np.tile(np.arange(k), rows)))
     offsets = pa.array(np.arange(0, rows * k + 1, k, dtype=np.int32))
     components = pa.MapArray.from_arrays(offsets, keys, items)
     return pa.table({"spec_id": result["spec_id"], "episode_id": result["episode_id"], "total": result["total"],
@@ -109,13 +115,20 @@ def check_where(where: str | None) -> None:
 
 
 def score(lake: Lake, spec: RewardSpec, *, snapshot: int | None = None, where: str | None = None,
-          run_id: str | None = None) -> ScoreResult:
-    """Score the episodes matching `where` at `snapshot` (default: latest) and store the results."""
+          run_id: str | None = None, spans: bool = False) -> ScoreResult:
+    """Score the episodes matching `where` at `snapshot` (default: latest) and store the results.
+
+    spans=True: also return their token allocation (`ScoreResult.spans`, the rows `reward_spans` gives for them
+    once stored), computed by the scoring query from the turns it reads anyway (rewards/allocation.py) instead
+    of a second pass over the turns through the view."""
     check_where(where)
     snap = lake.current_snapshot() if snapshot is None else snapshot
     tables = _python_tables(lake, spec, where, snap)
-    result = lake.query(compile_query(spec, where=where, components="columns"), snapshot=snap, output="arrow",
-                        tables=tables)
+    result = lake.query(compile_query(spec, where=where, components="columns", spans=spans), snapshot=snap,
+                        output="arrow", tables=tables)
+    allocated = None
+    if spans:
+        result, allocated = split_spans(result, spec.spec_id)
     result = with_components_map(result, spec)
     check_finite(result, spec)
     rows: dict[str, object] = {
@@ -129,7 +142,7 @@ def score(lake: Lake, spec: RewardSpec, *, snapshot: int | None = None, where: s
     commit = lake.append(rows, stage="rewards", run_id=run_id,
                          message=f"rewards: {spec.name} ({spec.spec_id}) over snapshot {snap}: "
                                  f"{result.num_rows} episodes")
-    return ScoreResult(spec.spec_id, spec.name, snap, result.num_rows, commit.snapshot_id)
+    return ScoreResult(spec.spec_id, spec.name, snap, result.num_rows, commit.snapshot_id, allocated)
 
 
 DIFF_SQL = """
