@@ -1,47 +1,46 @@
-"""Rewards throughput: a reward spec compiled to SQL vs a per-trajectory Python loop, same data, same spec.
+"""Rewards throughput: recomputing a reward spec over a lake, with its token allocation, in trajlake vs the same spec
+as one bare DuckDB query over the lake's parquet files, and vs a per-trajectory Python loop.
 
-    python bench/rewards.py [--turns 1000000] [--turns-per-episode 10] [--python-turns N] [--threads N]
+    python bench/rewards.py [--turns 1000000] [--repeats 3] [--python-turns N] [--threads N] [--quick] [--json PATH]
 
-Builds a synthetic lake (episodes of `--turns-per-episode` turns, every turn with 10-60 prompt and 10-60
-response token ids, action texts of which about half match the format pattern, step rewards, info JSON
-with a score) in a temp dir, appended in a few big Arrow batches, then computes the same spec
-(goal + format + length_penalty + env_reward + sql, discounted allocation) two ways:
+Builds a synthetic lake (bench/synthetic.py: 10 turns per episode, 10-60 prompt and 10-60 response token ids per
+turn, action texts, step rewards, info JSON) in a temp dir, not timed. Then one spec (goal + format + length_penalty
++ env_reward + sql, discounted allocation) is computed, in the same process, `--repeats` times each:
 
-* query: `rewards.score.score` (the compiled query over the pinned snapshot, the NaN/inf check, and storing
-  episode_rewards in a new snapshot), then the token allocation from the `reward_spans` view (one row per
-  agent segment: first position, length, the reward of each of its tokens; the `token_rewards` view is its
-  exact expansion, one row per token), reduced in SQL to per-episode (sum of rewards, token count) for
-  every episode. Everything the query side does is inside its timing: reading the parquet files of the
-  lake, computing, writing the results. Reported apart, not in the ratio: the same reduction through the
-  per-token view (checked equal), fetching every span into Arrow, and writing every token reward to parquet.
-* python: OpenManus-RL's way (RewardComposer.compute_total_reward, then the allocation loop over agent
-  segments), i.e. `episode_reward` and `allocate` of tests/reward_reference.py (a dict entry per
-  token) called once per trajectory; and the same loop with the seed's own allocation code (a zero tensor
-  per trajectory, one slice assignment per segment). Its input rows are first read from the same lake
-  snapshot into Python (Arrow -> dicts and lists, grouped by episode): that load is timed separately and
-  reported, and the ratio is given both without it (loop only, the fairest to Python) and with it.
+* trajlake: `rewards.score.score(lake, spec, spans=True)` on a fresh copy of the lake: compile, one query over the
+  pinned snapshot that scores every episode and allocates its reward to its agent tokens from the same turns, the
+  NaN/inf check, the episode_rewards rows stored in a new snapshot, the allocation returned in Arrow (one span per
+  agent segment: position, length, reward of each of its tokens). Its split: the query, and the store write.
+* bare, the named baseline: the same spec hand-written as one DuckDB query (`BARE_SQL`) over the lake's data files
+  (listed from the catalog with `ducklake_list_files` before the timing), on a plain in-memory DuckDB with the same
+  threads: no catalog, no checks, no write; the same per-episode rows and spans, into Arrow.
+* view path (the way before `spans=True`, reported, not in a ratio): `score` then the spans read from the
+  `reward_spans` view, which reads the stored totals and the turns again.
 
-With `--python-turns N` smaller than `--turns`, the Python side loads and loops over the first N turns'
-episodes only, and its times are extrapolated linearly to all turns (the output says so). The two sides'
-results are then compared for the episodes both computed: totals and components per episode, and per
-episode the allocation's sum and number of rewarded tokens.
+The sides alternate which goes first between repeats; the medians are reported. Then, not timed: the trajlake spans
+equal the view's exactly, the bare query's totals, components and spans equal trajlake's (1e-9), and the Python loop
+(bench/rewards_python.py: tests/reward_reference.py's oracle and the seed's tensor allocation, one trajectory at a
+time, on rows first read into Python; `--python-turns N`: the first N turns' episodes, extrapolated) equals them
+per episode. A mismatch stops the script with a non-zero exit.
 """
 
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import math
 import os
 import shutil
+import statistics
 import sys
 import tempfile
 import time
 from pathlib import Path
 
-import numpy as np
+import duckdb
 import pyarrow as pa
-import pyarrow.compute as pc
+from headline import Headline, add_json_option, write_rows
+from rewards_python import load_python_inputs, python_side, python_side_seed
+from synthetic import build_lake, synthetic_batch  # noqa: F401 (the viewer's bench imports them from here)
 
 SPEC = """
 name = "bench"
@@ -78,367 +77,311 @@ weight = 0.5
 expr = "num_turns * 0.1"
 """
 
-
-def reward_reference():
-    """tests/reward_reference.py, the plain-Python oracle the tests hold the compiled queries to (the benchmark is a
-    script beside the tests, not a package, so the file is loaded by its path)."""
-    path = Path(__file__).resolve().parents[1] / "tests" / "reward_reference.py"
-    spec = importlib.util.spec_from_file_location("reward_reference", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-def sql_component(ep: dict, turns: list[dict]) -> float:
-    """The Python meaning of the spec's `sql` component (the reference cannot run SQL)."""
-    return ep["num_turns"] * 0.1
-
-
-ACTIONS = [
-    "<think>the key is in the drawer</think>\n<action>open drawer</action>",
-    "<action>go north</action>",
-    "I will go north now.",
-    "<think>hmm</think> take key",
-    "<action>take key from drawer</action> done",
-    "look around",
-]
-OBSERVATIONS = ["You are in a kitchen. There is a drawer.", "You see a key.", "Nothing happens.",
-                "The door is locked.", "You are in the hall."]
-INFOS = ['{"score": 0.25, "valid": true}', '{"valid": true}', '{"valid": false}', '{"score": 0.5}', "{}", None]
+#: SPEC by hand, as someone who knows DuckDB would write it for these files: one window over the turns (each agent
+#: segment's start and the agent tokens up to it) on their way to one aggregate per episode (the components'
+#: inputs, and the segments as a list), the components, the total, then each segment's discounted reward.
+BARE_SQL = """
+WITH w AS (
+    SELECT episode_id, turn, info, action_text, step_reward, num_response_tokens AS n,
+           CAST(sum(num_prompt_tokens + num_response_tokens) OVER upto - num_response_tokens AS BIGINT) AS start,
+           CAST(sum(num_response_tokens) OVER upto AS BIGINT) AS upto
+    FROM read_parquet($turns) WINDOW upto AS (PARTITION BY episode_id ORDER BY turn ROWS UNBOUNDED PRECEDING)
+), agg AS (
+    SELECT episode_id, TRY_CAST(json_extract(arg_max_null(info, turn), '$.score') AS DOUBLE) AS last_score,
+           avg(CASE WHEN regexp_matches(coalesce(action_text, ''), '<action>.*</action>') THEN 1.0 ELSE 0.0 END) AS fmt,
+           arg_max(n, turn) AS last_len, sum(coalesce(step_reward, 0) * pow(0.95, turn)) AS env,
+           CAST(sum(n) AS BIGINT) AS agent,
+           list({'turn': turn, 'start': start, 'n': n, 'upto': upto}) FILTER (WHERE n > 0) AS segs
+    FROM w GROUP BY episode_id
+), comps AS (
+    SELECT e.episode_id, a.agent, a.segs,
+           CASE WHEN e.success THEN 1.0 WHEN e.status = 'ok' AND NOT e.success THEN -1.0
+                ELSE coalesce(a.last_score, e.env_reward, 0) END AS c_goal,
+           coalesce(a.fmt, 0) AS c_format, -0.01 * greatest(coalesce(a.last_len, 0) - 40, 0) AS c_length_penalty,
+           coalesce(a.env, 0) AS c_env_reward, e.num_turns * 0.1 AS c_sql
+    FROM read_parquet($episodes) e LEFT JOIN agg a USING (episode_id)
+), scored AS (
+    SELECT *, 1.0 * c_goal + 0.2 * c_format + 1.0 * c_length_penalty + 0.5 * c_env_reward + 0.5 * c_sql AS total
+    FROM comps
+)
+SELECT episode_id, total, c_goal, c_format, c_length_penalty, c_env_reward, c_sql,
+       list_filter(list_transform(segs, s -> {'turn': s.turn, 'position': s.start, 'length': s.n,
+                                             'reward': total * pow(0.99, agent - s.upto) / s.n}),
+                   s -> s.reward <> 0) AS spans
+FROM scored ORDER BY episode_id
+"""
+SPANS_SQL = "SELECT spec_id, episode_id, turn, position, length, reward FROM reward_spans WHERE spec_id = ?"
+TARGET = 1 / 1.3  # trajlake at most 1.3x the bare query's time
+PYTHON_TARGET = 5.0
 
 
 def parse_args(argv=None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--turns", type=int, default=1_000_000, help="turns in the synthetic lake")
+    p.add_argument("--turns", type=int, default=None, help="turns in the synthetic lake (1,000,000)")
     p.add_argument("--turns-per-episode", type=int, default=10)
+    p.add_argument("--repeats", type=int, default=None, help="timed runs of each side (3; --quick 2)")
     p.add_argument("--python-turns", type=int, default=None,
-                   help="turns the Python loop runs over (default: all); fewer: extrapolated linearly")
+                   help="turns the Python loop runs over (default: all; --quick 20,000); fewer: extrapolated")
     p.add_argument("--batches", type=int, default=4, help="appends used to build the lake")
     p.add_argument("--threads", type=int, default=0, help="DuckDB threads (0: DuckDB's default, all cores)")
-    p.add_argument("--no-parquet", action="store_true", help="skip writing every token reward to parquet")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--dir", default=None, help="where to build the lake (default: a temp dir, removed after)")
-    return p.parse_args(argv)
+    p.add_argument("--dir", default=None, help="where to build the lakes (default: a temp dir, removed after)")
+    p.add_argument("--quick", action="store_true", help="1M turns, 2 repeats, the Python loop on 20,000 turns")
+    add_json_option(p)
+    args = p.parse_args(argv)
+    args.turns = args.turns or 1_000_000
+    args.repeats = args.repeats or (2 if args.quick else 3)
+    if args.quick and args.python_turns is None:
+        args.python_turns = 20_000
+    return args
 
 
-# ---- synthetic data -------------------------------------------------------------------------------------
-def token_lists(rng: np.random.Generator, n: int) -> pa.ListArray:
-    lengths = rng.integers(10, 61, n)
-    offsets = np.zeros(n + 1, np.int32)
-    np.cumsum(lengths, out=offsets[1:])
-    values = rng.integers(0, 50_000, int(offsets[-1]), dtype=np.int32)
-    return pa.ListArray.from_arrays(pa.array(offsets), pa.array(values))
+# ---- the sides ----------------------------------------------------------------------------------------------
+def timed_calls(lake, names: tuple[str, ...]) -> dict[str, float]:
+    """Wrap the lake's `names` methods to add up their wall time (score's query and its store write)."""
+    spent = dict.fromkeys(names, 0.0)
+    for name in names:
+        method = getattr(lake, name)
+
+        def wrapper(*a, _method=method, _name=name, **kw):
+            t0 = time.perf_counter()
+            try:
+                return _method(*a, **kw)
+            finally:
+                spent[_name] += time.perf_counter() - t0
+        setattr(lake, name, wrapper)
+    return spent
 
 
-def pick(rng: np.random.Generator, choices: list, n: int, p=None) -> pa.Array:
-    return pa.array(choices).take(pa.array(rng.choice(len(choices), n, p=p)))
-
-
-def synthetic_batch(rng: np.random.Generator, first: int, episodes: int, tpe: int) -> dict[str, pa.Table]:
-    ids = pa.array([f"ep{i:08d}" for i in range(first, first + episodes)])
-    n = episodes * tpe
-    episodes_t = pa.table({
-        "episode_id": ids,
-        "env": pa.array(["synthetic"] * episodes),
-        "status": pick(rng, ["ok", "ok", "ok", "truncated"], episodes),
-        "success": pa.array(rng.random(episodes) < 0.4),
-        "env_reward": pa.array(np.round(rng.random(episodes), 3)),
-        "num_turns": pa.array(np.full(episodes, tpe, np.int32)),
-    })
-    step = np.where(rng.random(n) < 0.2, np.round(rng.random(n), 2), 0.0)
-    turns_t = pa.table({
-        "episode_id": ids.take(pa.array(np.repeat(np.arange(episodes), tpe))),
-        "turn": pa.array(np.tile(np.arange(tpe, dtype=np.int32), episodes)),
-        "observation": pick(rng, OBSERVATIONS, n),
-        "action_text": pick(rng, ACTIONS, n),
-        "format_ok": pa.array(rng.random(n) < 0.5),
-        "step_reward": pa.array(step),
-        "done": pa.array(np.tile(np.arange(tpe) == tpe - 1, episodes)),
-        "info": pick(rng, INFOS, n),
-        "prompt_token_ids": token_lists(rng, n),
-        "response_token_ids": token_lists(rng, n),
-    })
-    return {"episodes": episodes_t, "turns": turns_t}
-
-
-def build_lake(lake, args) -> tuple[int, int]:
-    rng = np.random.default_rng(args.seed)
-    n_episodes = args.turns // args.turns_per_episode
-    per_batch = math.ceil(n_episodes / args.batches)
-    tokens = 0
-    for first in range(0, n_episodes, per_batch):
-        batch = synthetic_batch(rng, first, min(per_batch, n_episodes - first), args.turns_per_episode)
-        tokens += sum(pc.sum(pc.list_value_length(batch["turns"][c])).as_py()
-                      for c in ("prompt_token_ids", "response_token_ids"))
-        lake.append(batch, stage="bench", message="bench: synthetic episodes")
-    return n_episodes, tokens
-
-
-# ---- the two sides --------------------------------------------------------------------------------------
-SPANS_PER_EPISODE = """
-SELECT episode_id, sum(reward * length) AS reward_sum, sum(length) AS tokens
-FROM reward_spans WHERE spec_id = ? GROUP BY episode_id
-"""
-TOKENS_PER_EPISODE = """
-SELECT episode_id, sum(reward) AS reward_sum, count(*) AS tokens
-FROM token_rewards WHERE spec_id = ? GROUP BY episode_id
-"""
-
-
-def query_side(lake, spec, snapshot: int, out_dir: Path, write_parquet: bool) -> dict:
+def trajlake_side(Lake, path: str, spec, threads: int) -> dict:
     from trajlake.rewards.score import score
 
-    t0, c0 = time.perf_counter(), time.process_time()
-    result = score(lake, spec, snapshot=snapshot)
-    t_score = time.perf_counter() - t0
-    # the allocation, run-length encoded: every agent segment's span (first position, length, per-token
-    # reward) is computed; the per-token rows are their exact expansion (the token_rewards view)
-    t0 = time.perf_counter()
-    alloc = lake.query(SPANS_PER_EPISODE, [spec.spec_id], output="arrow")
-    t_alloc = time.perf_counter() - t0
-    out = {"result": result, "score_s": t_score, "alloc_s": t_alloc, "alloc": alloc,
-           "cpu_s": time.process_time() - c0}
-    # not in the ratio: the same through the per-token view (one row per rewarded token), and the whole
-    # span relation fetched into Arrow (what a trainer reads)
-    t0 = time.perf_counter()
-    out["tokens_alloc"] = lake.query(TOKENS_PER_EPISODE, [spec.spec_id], output="arrow")
-    out["tokens_s"] = time.perf_counter() - t0
-    t0 = time.perf_counter()
-    spans = lake.query("SELECT episode_id, turn, position, length, reward FROM reward_spans WHERE spec_id = ?",
-                       [spec.spec_id], output="arrow")
-    out["spans_s"], out["spans_rows"] = time.perf_counter() - t0, spans.num_rows
-    del spans
-    if write_parquet:
-        path = out_dir / "token_rewards.parquet"
+    lake = Lake.open(path)
+    try:
+        if threads:
+            lake.query(f"SET threads = {int(threads)}")
+        snapshot = lake.current_snapshot()
+        spent = timed_calls(lake, ("query", "append"))
+        t0, c0 = time.perf_counter(), time.process_time()
+        result = score(lake, spec, snapshot=snapshot, spans=True)
+        return {"s": time.perf_counter() - t0, "cpu": time.process_time() - c0, "query_s": spent["query"],
+                "write_s": spent["append"], "result": result, "spans": result.spans}
+    finally:
+        lake.close()
+
+
+def view_side(Lake, path: str, spec, threads: int) -> dict:
+    from trajlake.rewards.score import score
+
+    lake = Lake.open(path)
+    try:
+        if threads:
+            lake.query(f"SET threads = {int(threads)}")
+        snapshot = lake.current_snapshot()
         t0 = time.perf_counter()
-        lake.query(f"COPY (SELECT * FROM token_rewards WHERE spec_id = '{spec.spec_id}') TO '{path}' "
-                   "(FORMAT parquet)")
-        out["parquet_s"] = time.perf_counter() - t0
-        out["parquet_rows"] = lake.query(f"SELECT count(*) AS n FROM read_parquet('{path}')")["n"][0]
-        out["parquet_mb"] = path.stat().st_size / 2**20
-    return out
+        score(lake, spec, snapshot=snapshot)
+        t1 = time.perf_counter()
+        spans = lake.query(SPANS_SQL, [spec.spec_id], output="arrow")
+        return {"s": time.perf_counter() - t0, "score_s": t1 - t0, "spans_s": time.perf_counter() - t1,
+                "spans": spans}
+    finally:
+        lake.close()
 
 
-def same_allocation(spans: pa.Table, tokens: pa.Table) -> float:
-    """The per-episode (sum, count) of reward_spans and of token_rewards agree; returns the max |sum diff|."""
-    a = {r["episode_id"]: (r["reward_sum"], r["tokens"]) for r in spans.to_pylist()}
-    b = {r["episode_id"]: (r["reward_sum"], r["tokens"]) for r in tokens.to_pylist()}
-    if a.keys() != b.keys() or any(a[k][1] != b[k][1] for k in a):
-        raise SystemExit("MISMATCH between reward_spans and token_rewards (episodes or token counts)")
-    worst = max((abs(a[k][0] - b[k][0]) for k in a), default=0.0)
-    if any(not math.isclose(a[k][0], b[k][0], rel_tol=1e-9, abs_tol=1e-9) for k in a):
-        raise SystemExit(f"MISMATCH between reward_spans and token_rewards sums (max |diff| {worst})")
-    return worst
+def data_files(lake, table: str) -> list[str]:
+    """The parquet files a lake's table is made of now (its catalog's list); a delete file would need applying,
+    which the bare query does not do, so there must be none."""
+    files = lake.query(f"SELECT data_file, delete_file FROM ducklake_list_files('lake', '{table}')", output="arrow")
+    if files["delete_file"].null_count != files.num_rows:
+        raise SystemExit(f"{table} has delete files: the bare query reads data files only")
+    return files["data_file"].to_pylist()
 
 
-def load_python_inputs(lake, snapshot: int, episode_limit: int | None) -> list[tuple[dict, list[dict]]]:
-    """The rows the Python loop needs, read once from the lake snapshot, grouped by episode."""
-    cond = f"WHERE episode_id < 'ep{episode_limit:08d}'" if episode_limit is not None else ""
-    eps = lake.query(f"SELECT * FROM episodes {cond} ORDER BY episode_id", snapshot=snapshot,
-                     output="arrow").to_pylist()
-    turns = lake.query(
-        "SELECT episode_id, turn, observation, action_text, format_ok, step_reward, info, prompt_token_ids, "
-        f"response_token_ids FROM turns {cond} ORDER BY episode_id, turn", snapshot=snapshot,
-        output="arrow").to_pylist()
-    grouped, i = [], 0
-    for ep in eps:
-        j = i
-        while j < len(turns) and turns[j]["episode_id"] == ep["episode_id"]:
-            j += 1
-        grouped.append((ep, turns[i:j]))
-        i = j
-    return grouped
+def bare_side(files: dict[str, list[str]], threads: int) -> dict:
+    con = duckdb.connect()
+    try:
+        if threads:
+            con.execute(f"SET threads = {int(threads)}")
+        t0, c0 = time.perf_counter(), time.process_time()
+        table = con.execute(BARE_SQL, files).to_arrow_table()
+        return {"s": time.perf_counter() - t0, "cpu": time.process_time() - c0, "table": table}
+    finally:
+        con.close()
 
 
-def python_side(spec, data: list[tuple[dict, list[dict]]]) -> tuple[float, float, float, dict]:
-    """OpenManus-RL style: per trajectory, the composed reward, then the allocation over its tokens.
-
-    Returns (loop time, of which summarising each allocation for the check, the loop's CPU time without
-    that summary (pro rata), per-episode results)."""
-    reference = reward_reference()
-
-    custom = {"sql": sql_component}
-    strategy, gamma = spec.allocation.strategy, spec.allocation.gamma
-    out = {}
-    summary_s = 0.0
-    t0, c0 = time.perf_counter(), time.process_time()
-    for ep, turns in data:
-        total, comps = reference.episode_reward(spec, ep, turns, custom)
-        alloc = reference.allocate(strategy, gamma, total, turns)
-        t1 = time.perf_counter()  # the check's summary of each allocation is no part of the seed's work
-        out[ep["episode_id"]] = (total, comps, math.fsum(alloc.values()), len(alloc))
-        summary_s += time.perf_counter() - t1
-    wall, cpu = time.perf_counter() - t0, time.process_time() - c0
-    return wall, summary_s, cpu - summary_s * cpu / wall, out
-
-
-def seed_allocate(strategy: str, gamma: float, total: float, turns: list[dict]):
-    """OpenManus-RL's own allocation code (`_convert_rollout_results_to_dataproto`): the agent segments' (start,
-    end) in the full sequence, a zero tensor of its length, one slice assignment per segment. The seed's
-    tensor is float32; float64 here, so the result can be checked to 1e-9 (the speed is the same)."""
-    import torch
-
-    segments, pos = [], 0
-    for t in turns:
-        pos += len(t.get("prompt_token_ids") or [])
-        n = len(t.get("response_token_ids") or [])
-        if n:
-            segments.append((pos, pos + n - 1))
-        pos += n
-    rewards = torch.zeros(pos, dtype=torch.float64)
-    if segments:
-        if strategy == "last_token":
-            rewards[segments[-1][1]] = total
-        elif strategy == "uniform_positive":
-            if total > 0:
-                per_token = total / max(1, sum(e - s + 1 for s, e in segments))
-                for s, e in segments:
-                    rewards[s:e + 1] = per_token
-            elif total < 0:
-                rewards[segments[-1][1]] = total
-        elif strategy == "discounted":
-            current = total
-            for s, e in reversed(segments):
-                n = e - s + 1
-                rewards[s:e + 1] = current / n
-                current *= gamma ** n
-        else:
-            raise KeyError(f"the seed has no {strategy} allocation")
-    return rewards
+# ---- the checks -----------------------------------------------------------------------------------------
+def check_equal(trajlake: dict, view: pa.Table, bare: pa.Table, stored: pa.Table) -> dict:
+    """trajlake's spans are the view's exactly; the bare query's totals, components and spans are trajlake's to
+    1e-9 (its sums may run in another order). Returns the largest differences; a mismatch exits."""
+    con = duckdb.connect()
+    con.register("fused", trajlake["spans"])
+    con.register("view", view)
+    con.register("bare", bare)
+    con.register("stored", stored)
+    cols = "spec_id, episode_id, turn, position, length, reward"
+    extra = con.execute(f"SELECT (SELECT count(*) FROM (SELECT {cols} FROM fused EXCEPT ALL SELECT {cols} FROM view)) "
+                        f"+ (SELECT count(*) FROM (SELECT {cols} FROM view EXCEPT ALL SELECT {cols} FROM fused))"
+                        ).fetchone()[0]
+    if extra:
+        raise SystemExit(f"MISMATCH: {extra} spans differ between score(spans=True) and the reward_spans view")
+    totals = con.execute("""
+        SELECT count(*), max(abs(b.total - s.total)),
+               max(greatest(abs(b.c_goal - s.components['goal']), abs(b.c_format - s.components['format']),
+                            abs(b.c_length_penalty - s.components['length_penalty']),
+                            abs(b.c_env_reward - s.components['env_reward']), abs(b.c_sql - s.components['sql'])))
+        FROM bare b FULL JOIN stored s USING (episode_id)""").fetchone()
+    spans = con.execute("""
+        WITH b AS (SELECT episode_id, unnest(spans, recursive := true) FROM bare)
+        SELECT count(*), count(*) FILTER (WHERE b.position IS DISTINCT FROM f.position
+                                           OR b.length IS DISTINCT FROM f.length), max(abs(b.reward - f.reward))
+        FROM b FULL JOIN fused f USING (episode_id, turn)""").fetchone()
+    con.close()
+    if totals[0] != stored.num_rows or not totals[1] <= 1e-9 or not totals[2] <= 1e-9:
+        raise SystemExit(f"MISMATCH between the bare query and the stored rewards: {totals}")
+    if spans[0] != trajlake["spans"].num_rows or spans[1] or not spans[2] <= 1e-9:
+        raise SystemExit(f"MISMATCH between the bare query's spans and trajlake's: {spans}")
+    return {"episodes": totals[0], "total_diff": totals[1], "component_diff": totals[2], "spans": spans[0],
+            "span_diff": spans[2]}
 
 
-def python_side_seed(spec, data: list[tuple[dict, list[dict]]]) -> tuple[float, dict]:
-    """The same loop with the seed's tensor allocation in place of reference.allocate's dict per token."""
-    import torch
-
-    reference = reward_reference()
-
-    torch.set_num_threads(1)
-    custom = {"sql": sql_component}
-    strategy, gamma = spec.allocation.strategy, spec.allocation.gamma
-    out = {}
-    t0 = time.perf_counter()
-    for ep, turns in data:
-        total, comps = reference.episode_reward(spec, ep, turns, custom)
-        alloc = seed_allocate(strategy, gamma, total, turns)
-        out[ep["episode_id"]] = (total, comps, alloc)
-    loop_s = time.perf_counter() - t0
-    # (not timed) the per-episode (sum, count of non-zero tokens), as the other loop reports them
-    out = {k: (t, c, float(a.sum()), int((a != 0).sum())) for k, (t, c, a) in out.items()}
-    return loop_s, out
+def per_episode(spans: pa.Table) -> dict[str, tuple[float, int]]:
+    """Per episode: (sum of its tokens' rewards, its rewarded tokens), for the Python loop's check."""
+    con = duckdb.connect()
+    con.register("spans", spans)
+    rows = con.execute("SELECT episode_id, sum(reward * length), sum(length) FROM spans GROUP BY ALL").fetchall()
+    con.close()
+    return {e: (s, int(n)) for e, s, n in rows}
 
 
-def compare(lake, spec, query_alloc: pa.Table, python: dict) -> tuple[int, float, float]:
-    """Check the two sides agree; returns (episodes compared, max |total diff|, max |allocation sum diff|)."""
-    stored = lake.query("SELECT episode_id, total, components FROM episode_rewards WHERE spec_id = ?",
-                        [spec.spec_id], output="arrow").to_pylist()
-    q = {r["episode_id"]: (r["total"], dict(r["components"])) for r in stored}
-    a = {r["episode_id"]: (r["reward_sum"], r["tokens"]) for r in query_alloc.to_pylist()}
+def compare_python(stored: pa.Table, alloc: dict, python: dict) -> tuple[int, float, float]:
+    """The Python loop's totals, components and per-episode allocation equal the query's (1e-9); returns
+    (episodes compared, max |total or component diff|, max |allocation sum diff|)."""
+    q = {r["episode_id"]: (r["total"], dict(r["components"])) for r in stored.to_pylist()}
     max_total = max_alloc = 0.0
     bad = []
     for eid, (total, comps, alloc_sum, n_tokens) in python.items():
         q_total, q_comps = q[eid]
-        q_sum, q_n = a.get(eid, (0.0, 0))
-        max_total = max(max_total, abs(q_total - total), *(abs(q_comps[k] - v) for k, v in comps.items()))
+        q_sum, q_n = alloc.get(eid, (0.0, 0))
+        pairs = [(q_total, total), *((q_comps[k], v) for k, v in comps.items()), (q_sum, alloc_sum)]
+        max_total = max(max_total, *(abs(a - b) for a, b in pairs[:-1]))
         max_alloc = max(max_alloc, abs(q_sum - alloc_sum))
-        if (not math.isclose(q_total, total, rel_tol=1e-9, abs_tol=1e-9) or q_n != n_tokens
-                or not math.isclose(q_sum, alloc_sum, rel_tol=1e-9, abs_tol=1e-9)
-                or any(not math.isclose(q_comps[k], v, rel_tol=1e-9, abs_tol=1e-9) for k, v in comps.items())):
+        if q_n != n_tokens or not all(math.isclose(a, b, rel_tol=1e-9, abs_tol=1e-9) for a, b in pairs):
             bad.append(eid)
     if bad:
-        raise SystemExit(f"MISMATCH between query and Python on {len(bad)} episodes, e.g. {bad[:5]}")
+        raise SystemExit(f"MISMATCH between the query and Python on {len(bad)} episodes, e.g. {bad[:5]}")
     return len(python), max_total, max_alloc
 
 
-def main(argv=None) -> int:
-    args = parse_args(argv)
+# ---- the run ------------------------------------------------------------------------------------------------
+def median(runs: list[dict], key: str) -> float:
+    return statistics.median(r[key] for r in runs)
+
+
+def run(args, root: Path) -> list[Headline]:
     from trajlake.rewards import parse_spec
     from trajlake.store import Lake
 
     spec = parse_spec(SPEC, source="bench spec")
+    base = root / "lake"
+    lake = Lake.open(str(base))
+    t0 = time.perf_counter()
+    n_episodes, n_tokens = build_lake(lake, args)
+    snapshot = lake.current_snapshot()
+    files = {"turns": data_files(lake, "turns"), "episodes": data_files(lake, "episodes")}
+    threads = args.threads or lake.query("SELECT current_setting('threads') AS t")["t"][0]
+    lake.close()
+    print(f"trajlake rewards bench: {args.turns:,} turns ({n_episodes:,} episodes, {n_tokens:,} token ids) built in "
+          f"{time.perf_counter() - t0:.1f} s (not timed) in {root}; DuckDB threads {threads}, {os.cpu_count()} "
+          f"CPUs, load average {os.getloadavg()[0]:.1f}; spec {spec.name} ({spec.spec_id}): "
+          + ", ".join(f"{c.weight:g} x {c.kind}" for c in spec.components)
+          + f"; {spec.allocation.strategy} allocation, gamma {spec.allocation.gamma}")
+    fused, bare, view = [], [], []
+    for i in range(args.repeats):
+        copies = [root / f"run{i}-{side}" for side in ("fused", "view")]
+        for copy in copies:  # each scoring side scores a lake of its own (scoring stores, and skips what is stored)
+            shutil.copytree(base, copy)
+        order = ["bare", "fused"] if i % 2 == 0 else ["fused", "bare"]
+        for side in order + ["view"]:
+            if side == "bare":
+                bare.append(bare_side(files, args.threads))
+            elif side == "fused":
+                fused.append(trajlake_side(Lake, str(copies[0]), spec, args.threads))
+            else:
+                view.append(view_side(Lake, str(copies[1]), spec, args.threads))
+        f, b, v = fused[-1], bare[-1], view[-1]
+        print(f"  run {i + 1} ({' then '.join(order)}): trajlake {f['s']:.2f} s (query {f['query_s']:.2f}, store "
+              f"write {f['write_s']:.2f}, rest {f['s'] - f['query_s'] - f['write_s']:.2f}; {f['cpu']:.2f} CPU-s) | "
+              f"bare {b['s']:.2f} s ({b['cpu']:.2f} CPU-s) | view path {v['s']:.2f} s (score {v['score_s']:.2f} + "
+              f"reward_spans {v['spans_s']:.2f}) | load {os.getloadavg()[0]:.1f}")
+    lake = Lake.open(str(root / "run0-fused"))  # the view over the totals this side stored, to the last bit
+    stored = lake.query("SELECT episode_id, total, components FROM episode_rewards WHERE spec_id = ?",
+                        [spec.spec_id], output="arrow")
+    eq = check_equal(fused[0], lake.query(SPANS_SQL, [spec.spec_id], output="arrow"), bare[0]["table"], stored)
+    print(f"equal: trajlake's {eq['spans']:,} spans are the reward_spans view's exactly; the bare query's "
+          f"{eq['episodes']:,} totals and components (max |diff| {max(eq['total_diff'], eq['component_diff']):.1e}) "
+          f"and spans (max |diff| {eq['span_diff']:.1e}) equal trajlake's")
+    t_med, b_med, v_med = median(fused, "s"), median(bare, "s"), median(view, "s")
+    q_med, w_med = median(fused, "query_s"), median(fused, "write_s")
+    ratio = t_med / b_med
+    print(f"\nmedians of {args.repeats}: trajlake {t_med:.2f} s (query {q_med:.2f} s, store write {w_med:.2f} s, "
+          f"the rest {t_med - q_med - w_med:.2f} s) vs bare {b_med:.2f} s: trajlake takes {ratio:.2f}x the bare "
+          f"query's time ({'within' if ratio <= 1.3 else 'OVER'} the 1.3x target; without the store write "
+          f"{(t_med - w_med) / b_med:.2f}x); the view path {v_med:.2f} s ({v_med / t_med:.2f}x trajlake's)")
+
+    py = python_rows(args, lake, spec, snapshot, stored, fused[0]["spans"], t_med)
+    lake.close()
+    split = f"query {q_med:.2f} s + store write {w_med:.2f} s + rest {t_med - q_med - w_med:.2f} s"
+    return [
+        Headline(f"rewards: recompute + allocation, {args.turns:,} turns", "score(spans=True): one query, stored",
+                 "the same spec as one bare DuckDB query over the lake's parquet files", t_med, b_med, "s", TARGET,
+                 note=f"median of {args.repeats}; trajlake {split}; without the write {(t_med - w_med) / b_med:.2f}x "
+                      "the bare time",
+                 extra={"trajlake_runs": [r["s"] for r in fused], "bare_runs": [r["s"] for r in bare],
+                        "query_s": q_med, "write_s": w_med, "view_path_s": v_med, "threads": threads}),
+        py,
+    ]
+
+
+def python_rows(args, lake, spec, snapshot: int, stored: pa.Table, spans: pa.Table, t_med: float) -> Headline:
+    """The Python loop over the same snapshot, checked against trajlake's results; its headline row."""
+    sample = args.python_turns if args.python_turns and args.python_turns < args.turns else args.turns
+    limit = sample // args.turns_per_episode if sample < args.turns else None
+    t0 = time.perf_counter()
+    data = load_python_inputs(lake, snapshot, limit)
+    load_s = time.perf_counter() - t0
+    loop_s, summary_s, loop_cpu, py = python_side(spec, data)
+    seed_s, py_seed = python_side_seed(spec, data)
+    scale = args.turns / sum(len(t) for _, t in data)
+    del data
+    alloc = per_episode(spans)
+    n, dt, da = compare_python(stored, alloc, py)
+    compare_python(stored, alloc, py_seed)
+    loop_full = (loop_s - summary_s) * scale
+    how = "all turns" if scale == 1 else f"{len(py):,} episodes, extrapolated x{scale:.1f}"
+    print(f"Python per-trajectory loop ({how}): load into Python {load_s * scale:.2f} s, loop {loop_full:.2f} s "
+          f"(the seed's tensor allocation {seed_s * scale:.2f} s); equal on {n:,} episodes (max |diff| {dt:.1e}, "
+          f"allocation sums {da:.1e}); trajlake is {loop_full / t_med:.1f}x the loop alone, "
+          f"{(load_s * scale + loop_full) / t_med:.1f}x load + loop")
+    return Headline(f"rewards: recompute + allocation vs a Python loop, {args.turns:,} turns",
+                    "score(spans=True)", "per-trajectory Python loop (reference reward + allocation), loop only",
+                    t_med, loop_full, "s", PYTHON_TARGET,
+                    note=f"Python over {how}; load into Python {load_s * scale:.1f} s more",
+                    extra={"seed_loop_s": seed_s * scale, "load_s": load_s * scale, "loop_cpu_s": loop_cpu * scale})
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
     root = Path(args.dir) if args.dir else Path(tempfile.mkdtemp(prefix="trajlake-bench-rewards-"))
     root.mkdir(parents=True, exist_ok=True)
     try:
-        lake = Lake.open(str(root / "lake"))
-        if args.threads:
-            lake.query(f"SET threads = {int(args.threads)}")
-        threads = lake.query("SELECT current_setting('threads') AS t")["t"][0]
-        print(f"trajlake rewards bench: {args.turns:,} turns ({args.turns_per_episode} per episode), "
-              f"DuckDB threads {threads}, {os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.1f}, "
-              f"lake in {root}")
-        t0 = time.perf_counter()
-        n_episodes, n_tokens = build_lake(lake, args)
-        snapshot = lake.current_snapshot()
-        print(f"built the lake: {n_episodes:,} episodes, {args.turns:,} turns, {n_tokens:,} token ids "
-              f"in {time.perf_counter() - t0:.1f} s (not timed below); scoring snapshot {snapshot}")
-        print(f"spec {spec.name} ({spec.spec_id}): " + ", ".join(f"{c.weight:g} x {c.kind}" for c in spec.components)
-              + f"; {spec.allocation.strategy} allocation, gamma {spec.allocation.gamma}")
-
-        # (a) the compiled query
-        q = query_side(lake, spec, snapshot, root, not args.no_parquet)
-        rewarded = int(np.sum(q["alloc"]["tokens"].to_numpy()))
-        query_s = q["score_s"] + q["alloc_s"]
-        print(f"\n(a) query, over all {args.turns:,} turns:")
-        print(f"    score (compile, run over the lake, check, store {q['result'].scored:,} episode_rewards): "
-              f"{q['score_s']:8.2f} s")
-        print(f"    reward_spans -> per-episode (sum, count), {rewarded:,} rewarded tokens:           "
-              f"{q['alloc_s']:8.2f} s")
-        print(f"    total                                                                 {query_s:8.2f} s")
-        dtok = same_allocation(q["alloc"], q["tokens_alloc"])
-        print(f"    (not in the total: the same per-episode (sum, count) through the per-token view token_rewards: "
-              f"{q['tokens_s']:.2f} s, equal (max |diff| {dtok:.1e});")
-        print(f"     all {q['spans_rows']:,} spans fetched into Arrow: {q['spans_s']:.2f} s)")
-        if "parquet_s" in q:
-            print(f"    (separately: every token reward, {q['parquet_rows']:,} rows, to parquet "
-                  f"({q['parquet_mb']:.0f} MiB): {q['parquet_s']:.2f} s)")
-
-        # (b) the per-trajectory Python loop
-        sample = args.python_turns if args.python_turns and args.python_turns < args.turns else args.turns
-        limit = sample // args.turns_per_episode if sample < args.turns else None
-        t0 = time.perf_counter()
-        data = load_python_inputs(lake, snapshot, limit)
-        load_s = time.perf_counter() - t0
-        loop_s, summary_s, loop_cpu, py = python_side(spec, data)
-        seed_s, py_seed = (python_side_seed(spec, data) if spec.allocation.strategy != "per_turn"
-                           else (None, None))
-        sample_turns = sum(len(t) for _, t in data)
-        scale = args.turns / sample_turns
-        del data
-        how = (f"all {sample_turns:,} turns" if scale == 1 else
-               f"a sample of {sample_turns:,} turns ({len(py):,} episodes), EXTRAPOLATED x{scale:.1f} to "
-               f"{args.turns:,} turns")
-        print(f"\n(b) Python per-trajectory loop (reference.episode_reward + reference.allocate), {how}:")
-        print(f"    load rows into Python (Arrow -> dicts, grouped by episode): {load_s:8.2f} s"
-              + (f" -> {load_s * scale:8.2f} s extrapolated" if scale != 1 else ""))
-        print(f"    loop over episodes:                                        {loop_s:8.2f} s"
-              + (f" -> {loop_s * scale:8.2f} s extrapolated" if scale != 1 else "")
-              + f" (of which {summary_s:.2f} s summing each allocation for the check)")
-        if seed_s is not None:
-            print(f"    the same loop with the seed's tensor allocation:           {seed_s:8.2f} s"
-                  + (f" -> {seed_s * scale:8.2f} s extrapolated" if scale != 1 else ""))
-
-        n, dt, da = compare(lake, spec, q["alloc"], py)
-        print(f"\nequal: {n:,} episodes compared: totals and components (max |diff| {dt:.1e}), allocation "
-              f"sum (max |diff| {da:.1e}) and rewarded-token count per episode")
-        if py_seed is not None:
-            n, dt, da = compare(lake, spec, q["alloc"], py_seed)
-            print(f"       and with the seed's tensor allocation (max |diff| {dt:.1e}, {da:.1e})")
-        loop_full, load_full = (loop_s - summary_s) * scale, load_s * scale
-        print(f"\nspeed-up of the query (score + allocation, {query_s:.2f} s; {q['cpu_s']:.2f} CPU-s on "
-              f"{threads} threads) over Python" + (" (extrapolated)" if scale != 1 else "") + ":")
-        print(f"    loop only (without the check's sums)   {loop_full:8.2f} s  ->  {loop_full / query_s:6.1f}x")
-        if seed_s is not None:
-            print(f"    loop only, seed's tensor allocation    {seed_s * scale:8.2f} s  ->  "
-                  f"{seed_s * scale / query_s:6.1f}x")
-        print(f"    load + loop                            {load_full + loop_full:8.2f} s  ->  "
-              f"{(load_full + loop_full) / query_s:6.1f}x")
-        print(f"    CPU time, loop only (one thread) {loop_cpu * scale:6.2f} CPU-s vs the query's {q['cpu_s']:.2f} "
-              f"CPU-s  ->  {loop_cpu * scale / q['cpu_s']:6.1f}x")
-        print(f"(load average at the end: {os.getloadavg()[0]:.1f})")
-        lake.close()
+        rows = run(args, root)
     finally:
         if not args.dir:
             shutil.rmtree(root, ignore_errors=True)
+    for row in rows:
+        print(f"headline: {row.stage}: {row.ratio:.2f}x (target {row.target:.2f}, "
+              f"{'met' if row.met else 'NOT met'})")
+    write_rows(args.json, rows)
     return 0
 
 
