@@ -22,7 +22,7 @@ from trajlake.core.errors import TrajlakeError
 from trajlake.evaluate.viewer_export import _pin, export_site
 from trajlake.evaluate.viewer_html import CSP_HEADER, error_page
 from trajlake.evaluate.viewer_pages import Links, Pages
-from trajlake.store.reads import latest_spec
+from trajlake.store.reads import latest_spec, reward_spec_names
 
 #: the addresses that reach only this machine (a viewer bound to one checks the Host of each request)
 LOOPBACK = ("127.0.0.1", "::1")
@@ -45,6 +45,8 @@ class Viewer:
         self.lake, self.host = lake, host
         self.snapshot = _pin(lake, snapshot)
         self.spec = latest_spec(lake, snapshot=self.snapshot)  # the spec last scored
+        # the specs at the pinned snapshot cannot change: read once, not on every page
+        self.specs = reward_spec_names(lake, snapshot=self.snapshot)
         self.lock = threading.Lock()
         viewer = self
 
@@ -100,7 +102,7 @@ class Viewer:
         if len(parts) == 1 and "id" in q:  # /run?id=ID: the form the pages link to (any id, "." and ".." too)
             parts.append(q["id"])
         spec = q.get("spec") or None  # ?spec= (blank): the default
-        pages = Pages(self.lake, self.snapshot, spec or self.spec, Links(static=False))
+        pages = Pages(self.lake, self.snapshot, spec or self.spec, Links(static=False), specs=self.specs)
         try:
             with self.lock:
                 pages.check_spec(spec)

@@ -42,28 +42,40 @@ SELECT r.run_id, r.kind, r.status, r.parent_run_id, count(e.episode_id) AS episo
        string_agg(DISTINCT e.policy_id, ', ') AS policies, r.started_at
 FROM runs r LEFT JOIN episodes e USING (run_id) GROUP BY ALL ORDER BY r.started_at, r.run_id
 """
+#: a part of a run's episodes ($3 rows from row $4), with how many it has in all and the run's kind ($1: the spec)
 EPISODES_SQL = """
 SELECT e.episode_id, e.env, e.policy_id, e.task_id, e.sample_index, e.status, e.success, e.env_reward,
-       e.num_turns, e.num_agent_tokens, r.total AS reward, count(*) OVER () AS total
-FROM episodes e LEFT JOIN episode_rewards r ON r.episode_id = e.episode_id AND r.spec_id = ?
-WHERE e.run_id = ? ORDER BY e.episode_id LIMIT ? OFFSET ?
+       e.num_turns, e.num_agent_tokens, r.total AS reward, count(*) OVER () AS total,
+       (SELECT kind FROM runs WHERE run_id = $2) AS run_kind
+FROM episodes e LEFT JOIN episode_rewards r ON r.episode_id = e.episode_id AND r.spec_id = $1
+WHERE e.run_id = $2 ORDER BY e.episode_id LIMIT $3 OFFSET $4
 """
+#: episode $2's group (itself alone without one) with each one's reward under spec $1 and group advantage
 EPISODE_SQL = """
 SELECT e.*, t.instruction, r.total AS reward,
        (r.total - avg(r.total) OVER g) / nullif(stddev_samp(r.total) OVER g, 0) AS advantage,
        count(*) OVER g AS group_size
-FROM episodes e LEFT JOIN episode_rewards r ON r.episode_id = e.episode_id AND r.spec_id = ?
+FROM episodes e LEFT JOIN episode_rewards r ON r.episode_id = e.episode_id AND r.spec_id = $1
      LEFT JOIN tasks t ON t.task_id = e.task_id
-WHERE e.group_id IS NOT DISTINCT FROM (SELECT group_id FROM episodes WHERE episode_id = ?)
-  AND (e.group_id IS NOT NULL OR e.episode_id = ?)
+WHERE e.group_id IS NOT DISTINCT FROM (SELECT group_id FROM episodes WHERE episode_id = $2)
+  AND (e.group_id IS NOT NULL OR e.episode_id = $2)
 WINDOW g AS (PARTITION BY e.group_id)
 """
-#: the prompt's stored id count, not its ids: a page needs only where each reply starts
+#: what a page shows of a turn; the prompt's stored id count, not its ids: a page needs only where each reply
+#: starts
 TURN_COLUMNS = """turn, observation, action_text, action, format_ok, step_reward, done, info::VARCHAR AS info,
 num_prompt_tokens, response_token_ids"""
-TURNS_SQL = f"SELECT {TURN_COLUMNS} FROM turns WHERE episode_id = ? ORDER BY turn"
-#: the token rewards as `reward_spans` rows (one per agent segment), expanded by `rewards_from_spans`
-SPANS_SQL = "SELECT position, length, reward FROM reward_spans WHERE spec_id = ? AND episode_id = ?"
+#: one episode page in one query (each query pins the snapshot anew, a good part of its time): the episode's
+#: row, its turns in order and its token rewards as `reward_spans` rows (one per agent segment, expanded by
+#: `rewards_from_spans`), each read with a filter on the episode id
+EPISODE_PAGE_SQL = f"""
+WITH ep AS ({EPISODE_SQL})
+SELECT ep.*,
+       (SELECT list(t ORDER BY t.turn) FROM (SELECT {TURN_COLUMNS} FROM turns WHERE episode_id = $2) t) AS turn_rows,
+       (SELECT list(s) FROM (SELECT position, length, reward FROM reward_spans
+                             WHERE spec_id = $1 AND episode_id = $2) s) AS span_rows
+FROM ep WHERE ep.episode_id = $2
+"""
 
 
 class Links:
@@ -104,15 +116,16 @@ class Pages:
     method reads one page's rows and renders them with viewer_render's functions (the export renders with the
     same functions from rows it reads in bulk)."""
 
-    def __init__(self, lake, snapshot: int, spec: str | None, links: Links):
+    def __init__(self, lake, snapshot: int, spec: str | None, links: Links,
+                 specs: list[tuple[str, str]] | None = None):
         self.lake, self.snapshot, self.spec, self.links = lake, snapshot, spec, links
-        self._specs: list[tuple[str, str]] | None = None
+        self._specs = specs  # the lake's specs at `snapshot`, if the caller has read them (they cannot change)
 
     def q(self, sql: str, params: list | None = None):
         return self.lake.query(sql, params, snapshot=self.snapshot)
 
     def specs(self) -> list[tuple[str, str]]:
-        """The lake's (spec id, name) pairs, read once per Pages (a page asks twice: the check and its line)."""
+        """The lake's (spec id, name) pairs at the snapshot, read once (a page asks twice: the check, its line)."""
         if self._specs is None:
             self._specs = reward_spec_names(self.lake, snapshot=self.snapshot)
         return self._specs
@@ -144,7 +157,8 @@ class Pages:
             if part > 1 and self.q("SELECT 1 FROM episodes WHERE run_id = ? LIMIT 1", [run_id]).height:
                 raise TrajlakeError(f"no page {part} of run {run_id!r} at snapshot {self.snapshot}")
             raise TrajlakeError(f"no episodes in run {run_id!r} at snapshot {self.snapshot}")
-        return self.run_from(run_id, rows, total=rows[0]["total"], part=part, held_out=self._held_out(run_id))
+        held_out = self._held_out(run_id) if rows[0]["run_kind"] == "eval" else ""
+        return self.run_from(run_id, rows, total=rows[0]["total"], part=part, held_out=held_out)
 
     def run_from(self, run_id: str, rows: list[dict], *, total: int, part: int, held_out: str) -> str:
         """A run page from rows already read (EPISODES_SQL's columns)."""
@@ -152,20 +166,17 @@ class Pages:
                         spec_line=self.spec_line(lambda s: self.links.run(run_id, s, part=part)))
 
     def _held_out(self, run_id: str) -> str:
-        """An eval run's held-out summary (`held_out_block`); '' for a run of another kind."""
-        run = stored_run(self.lake, run_id, snapshot=self.snapshot)
-        if run is None or run.kind != "eval":
-            return ""
+        """Eval run `run_id`'s held-out summary (`held_out_block`)."""
         return held_out_block(eval_contamination(self.lake, [run_id], snapshot=self.snapshot).to_dicts())
 
     def _episode(self, episode_id: str, spec: str | None) -> str:
         """One episode's block (header and turns) under `spec`."""
-        rows = self.q(EPISODE_SQL, [spec, episode_id, episode_id]).to_dicts()
-        ep = next((r for r in rows if r["episode_id"] == episode_id), None)
-        if ep is None:
+        rows = self.q(EPISODE_PAGE_SQL, [spec, episode_id]).to_dicts()
+        if not rows:
             raise TrajlakeError(f"no episode {episode_id!r} at snapshot {self.snapshot}")
-        turns = self.q(TURNS_SQL, [episode_id]).to_dicts()
-        rewards = rewards_from_spans(self.q(SPANS_SQL, [spec, episode_id]).rows()) if spec else {}
+        ep = rows[0]
+        turns = ep["turn_rows"] or []
+        rewards = rewards_from_spans((s["position"], s["length"], s["reward"]) for s in ep["span_rows"] or ())
         tok = _tokenizer_for(self.lake, self.snapshot, ep["run_id"], ep["policy_id"])
         return episode_block(episode_id, ep, turns, rewards, None if tok is None else TokenText(tok), spec)
 
@@ -209,5 +220,5 @@ def _tokenizer_for(lake, snapshot: int, run_id: str | None, policy_id: str | Non
     return None
 
 
-__all__ = ["EPISODES_SQL", "EPISODE_SQL", "RUNS_SQL", "RUN_PAGE_ROWS", "SPANS_SQL", "TURNS_SQL", "Links", "Pages",
-           "shade"]
+__all__ = ["EPISODES_SQL", "EPISODE_PAGE_SQL", "EPISODE_SQL", "RUNS_SQL", "RUN_PAGE_ROWS", "TURN_COLUMNS", "Links",
+           "Pages", "shade"]

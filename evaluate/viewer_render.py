@@ -97,14 +97,14 @@ def run_page(run_id: str, rows: list[dict], *, total: int, part: int, links, spe
     depth = 1 if links.static else 0
     lines = []
     for r in rows:
-        data = {"id": r["episode_id"], "env": r["env"], "policy": r["policy_id"], "task": r["task_id"],
-                "sample": r["sample_index"], "status": r["status"], "success": str(r["success"]).lower(),
-                "envreward": r["env_reward"], "turns": r["num_turns"], "tokens": r["num_agent_tokens"],
-                "reward": r["reward"]}
-        cells = [link(links.episode(r["episode_id"], spec, depth), r["episode_id"][:8],
-                      title=r["episode_id"])] + [esc(data[k]) for _, k, _ in RUN_COLUMNS[1:]]
-        lines.append(f"<tr{attrs(**{f'data_{k}': v for k, v in data.items()})}>"
-                     + "".join(f"<td>{c}</td>" for c in cells) + "</tr>")
+        # each value escaped once, for its data-* attribute and its cell alike (what attrs and esc write)
+        data = {"id": esc(r["episode_id"]), "env": esc(r["env"]), "policy": esc(r["policy_id"]),
+                "task": esc(r["task_id"]), "sample": esc(r["sample_index"]), "status": esc(r["status"]),
+                "success": esc(str(r["success"]).lower()), "envreward": esc(r["env_reward"]),
+                "turns": esc(r["num_turns"]), "tokens": esc(r["num_agent_tokens"]), "reward": esc(r["reward"])}
+        first = link(links.episode(r["episode_id"], spec, depth), r["episode_id"][:8], title=r["episode_id"])
+        lines.append("<tr" + "".join(f' data-{k}="{v}"' for k, v in data.items()) + f"><td>{first}</td>"
+                     + "".join(f"<td>{data[k]}</td>" for _, k, _ in RUN_COLUMNS[1:]) + "</tr>")
     env_options = "".join(f"<option>{esc(e)}</option>" for e in envs)
     filters = ("<form id=\"filters\" class=\"filters\">env <select name=\"env\"><option value=\"\">all</option>"
                f"{env_options}</select> policy <input name=\"policy\"> success <select name=\"success\"><option "
@@ -148,16 +148,21 @@ def held_out_block(rows: list[dict]) -> str:
 
 
 def _reply(response: list[int], position: int, rewards: dict[int, float], scale: float,
-           token_text: Callable[[int], str]) -> str:
+           token_text: Callable[[int], str], by_reward: dict) -> str:
     """A reply's tokens, each a span with its position, reward and shade. The numbers are written without
     `esc`: str() of an int or a float holds no character it would change (each span costs microseconds, and
-    an export writes millions); the token's text is escaped by `token_text`."""
+    an export writes millions); the token's text is escaped by `token_text`. `by_reward` keeps the episode's
+    text around each reward value (a segment's tokens share one; rewards of 0 are never stored, so 0.0 is
+    always the default's, never a -0.0 that would print otherwise)."""
     spans = []
     for k, token in enumerate(response):
         r = rewards.get(position + k, 0.0)
-        # the colour goes in data-shade for the script to apply: the CSP forbids style= attributes
-        spans.append(f"<span class=\"tok\" data-position=\"{position + k}\" data-reward=\"{r}\" "
-                     f"title=\"token {int(token)}, reward {r:g}\" data-shade=\"{shade(r, scale)}\">"
+        around = by_reward.get(r)
+        if around is None:
+            # the colour goes in data-shade for the script to apply: the CSP forbids style= attributes
+            around = by_reward[r] = (f"\" data-reward=\"{r}\" title=\"token ",
+                                     f", reward {r:g}\" data-shade=\"{shade(r, scale)}\">")
+        spans.append(f"<span class=\"tok\" data-position=\"{position + k}{around[0]}{int(token)}{around[1]}"
                      f"{token_text(token)}</span>")
     return "".join(spans)
 
@@ -177,12 +182,12 @@ def episode_block(episode_id: str, ep: dict, turns: list[dict], rewards: dict[in
                "the group's mean, over its std)" if adv is not None else "") + "</p>"
             + (f"<p class=\"instruction\">instruction: {esc(ep['instruction'])}</p>" if ep["instruction"] else "")
             + (f"<p class=\"error\">error: {esc(ep['error'])}</p>" if ep["error"] else ""))
-    blocks, position = [], 0
+    blocks, position, by_reward = [], 0, {}
     for t in turns:
         a = t["response_token_ids"] or ()
         # the store's count of the prompt ids (0 for none): the positions token_rewards gives are counted so
         position += t["num_prompt_tokens"] or 0
-        reply = (_reply(a, position, rewards, scale, token_text) if token_text is not None and a
+        reply = (_reply(a, position, rewards, scale, token_text, by_reward) if token_text is not None and a
                  else esc(t["action_text"]))
         position += len(a)
         blocks.append(f"<div{attrs(class_='turn', data_turn=t['turn'])}><b>turn {esc(t['turn'])}</b>"
