@@ -6,9 +6,9 @@ pages of a large lake.
 
 Builds a synthetic lake in a temp dir (not timed): `--episodes` episodes in `--runs` collect runs, in groups
 of 4 samples per task, each of `--turns-per-episode` turns with 10-60 prompt and 10-60 reply token ids,
-observation, reply, action and info texts (bench/rewards.py's `synthetic_batch`), appended in Arrow batches;
+observation, reply, action and info texts (bench/synthetic.py's `synthetic_batch`), appended in Arrow batches;
 the runs name a tiny byte-level BPE tokenizer (trained offline, as `trajlake model tiny` does), so every
-reply is shown token by token, each token shaded by its reward; and every episode scored under the rewards
+reply is shown token by token, each token shaded by its reward; and every episode scored under the
 bench's spec (discounted allocation: a reward on every agent token). Then, in this one process:
 
 * export, trajlake's side: `export_site` (viewer_export.py) of every episode: the runs and all episodes with
@@ -43,13 +43,29 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 from headline import Headline, add_json_option, write_rows
-
-from rewards import SPEC, synthetic_batch
+from synthetic import synthetic_batch
 
 #: issue 26's targets: an export of 10,000 episodes in 60 s (scaled to the size run), any served page in 1 s
 EXPORT_S_PER_10K = 60.0
 SERVED_S = 1.0
 GROUP = 4  # samples per task, one group each
+#: a reward on every agent token (discounted allocation), so every reply token is shaded; the bench's own, not
+#: bench/rewards.py's (a module named `rewards` beside the repository's own rewards/ package is one to avoid)
+SPEC = """
+name = "viewer-bench"
+
+[allocation]
+strategy = "discounted"
+gamma = 0.99
+
+[[components]]
+kind = "goal"
+weight = 1.0
+
+[[components]]
+kind = "env_reward"
+weight = 0.5
+"""
 
 
 def parse_args(argv=None) -> argparse.Namespace:
