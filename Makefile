@@ -60,8 +60,11 @@ $(VLLM_STAMP): pyproject.toml setup.py Makefile
 test-vllm: setup-vllm
 	$(VLLM_PY) -m pytest -q -m vllm $(PYTEST_ARGS)
 
+# The fast tier in parallel, one worker per core (pytest-xdist; a test file stays on one worker, so its module
+# fixtures, e.g. the TextCraft server, start once); TEST_WORKERS=0 runs it in this process.
+TEST_WORKERS ?= auto
 test: setup
-	$(PY) -m pytest -q $(PYTEST_ARGS)
+	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile $(PYTEST_ARGS)
 
 test-slow: setup
 	$(PY) -m pytest -q -m slow $(PYTEST_ARGS)

@@ -102,8 +102,8 @@ def differences(stored_config: Mapping[str, Any], config: Any, *,
 def describe_differences(run_id: str, diffs: list[Difference]) -> str:
     """One line refusing to resume `run_id` with other settings, naming each field's stored and given value."""
     def show(v: Any) -> str:
-        text = repr(v)
-        return text if len(text) <= 80 else text[:77] + "..."
+        text = repr(v)  # a long value keeps both ends: a path's file name is what tells two values apart
+        return text if len(text) <= 80 else text[:30] + "..." + text[-47:]
 
     if len(diffs) == 1:
         name, old, new = diffs[0]
