@@ -14,8 +14,8 @@ from trajlake.evaluate.metrics import held_out_label
 from trajlake.evaluate.viewer_html import attrs, esc, link, page
 
 #: the most episodes one run page lists; a longer run is split into parts (`?page=N`, `<run>%pN.html`), so
-#: a run of 100,000 episodes answers as fast as one of 5,000 and its page stays a size a browser opens
-RUN_PAGE_ROWS = 5000
+#: a run of 100,000 episodes answers as fast as one of 2,000 and its page stays one a browser opens at once
+RUN_PAGE_ROWS = 2000
 
 #: the run page's columns: (header, data-* key, sorted as a number)
 RUN_COLUMNS = [("episode", "id", False), ("env", "env", False), ("policy", "policy", False), ("task", "task", False),
