@@ -108,7 +108,7 @@ SELECT episode_id, total, c_goal, c_format, c_length_penalty, c_env_reward, c_sq
        list_filter(list_transform(segs, s -> {'turn': s.turn, 'position': s.start, 'length': s.n,
                                              'reward': total * pow(0.99, agent - s.upto) / s.n}),
                    s -> s.reward <> 0) AS spans
-FROM scored ORDER BY episode_id
+FROM scored
 """
 SPANS_SQL = "SELECT spec_id, episode_id, turn, position, length, reward FROM reward_spans WHERE spec_id = ?"
 TARGET = 1 / 1.3  # trajlake at most 1.3x the bare query's time
@@ -129,8 +129,13 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--quick", action="store_true", help="1M turns, 2 repeats, the Python loop on 20,000 turns")
     add_json_option(p)
     args = p.parse_args(argv)
-    args.turns = args.turns or 1_000_000
-    args.repeats = args.repeats or (2 if args.quick else 3)
+    if args.turns is None:
+        args.turns = 1_000_000
+    if args.repeats is None:
+        args.repeats = 2 if args.quick else 3
+    if min(args.turns, args.repeats, args.turns_per_episode, args.batches) < 1 or args.turns < args.turns_per_episode:
+        p.error("--turns, --repeats, --turns-per-episode and --batches must be at least 1, and --turns at least "
+                "--turns-per-episode")
     if args.quick and args.python_turns is None:
         args.python_turns = 20_000
     return args

@@ -71,8 +71,9 @@ def spans_sql(spec: RewardSpec) -> str:
 
 
 def split_spans(result: pa.Table, spec_id: str) -> tuple[pa.Table, pa.Table]:
-    """(the result without its `spans` list column, the spans as reward_spans' rows): Arrow only, no copy of
-    the values beyond the episode id each span takes from its row."""
+    """(the result without its `spans` list column, sorted by episode id as the query without spans sorts it;
+    the spans as reward_spans' rows, in no order): Arrow only, no copy of the values beyond the episode id each
+    span takes from its row."""
     lists = result["spans"].combine_chunks() if result.num_rows else pa.array([], result.schema.field("spans").type)
     flat = lists.flatten()
     parents = pc.list_parent_indices(lists)
@@ -81,4 +82,5 @@ def split_spans(result: pa.Table, spec_id: str) -> tuple[pa.Table, pa.Table]:
         "episode_id": result["episode_id"].take(parents),
         **{name: flat.field(name) for name in ("turn", "position", "length", "reward")},
     }).cast(SPANS_SCHEMA)
-    return result.drop_columns(["spans"]), spans
+    episodes = result.drop_columns(["spans"])
+    return episodes.take(pc.sort_indices(episodes, [("episode_id", "ascending")])), spans
