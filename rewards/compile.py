@@ -97,9 +97,12 @@ def compile_query(spec: RewardSpec, *, where: str | None = None, only_new: bool 
     # sorting rows that carry their span lists costs a third of the allocation: with spans, `score` sorts the
     # episode rows once the lists are split off (allocation.split_spans)
     order = "" if spans else " ORDER BY episode_id"
+    # every episode scored (only_new=False, no where): the turns need no semi-join with them, since a turn
+    # without an episode row reaches no result anyway (its aggregates join no row of ep)
+    only_ep = " WHERE episode_id IN (SELECT episode_id FROM ep)" if only_new or where else ""
     return f"""
 WITH ep AS ({episodes_cte(spec, where, only_new)}),
-tu0 AS (SELECT *{prev} FROM turns WHERE episode_id IN (SELECT episode_id FROM ep)),
+tu0 AS (SELECT *{prev} FROM turns{only_ep}),
 tu AS (SELECT *{tcols} FROM tu0),
 {seg_cte}{agg_cte},
 vals AS (SELECT ep.episode_id, {comp_cols}{seg_out} FROM ep LEFT JOIN agg USING (episode_id) {' '.join(py_joins)}),
