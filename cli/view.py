@@ -20,6 +20,8 @@ def view(
                                        parser=path_arg, metavar=PATH),
     spec: Optional[str] = typer.Option(None, "--spec", help="With --out: the spec id whose rewards the pages "
                                        "show (default: the last scored)."),
+    max_episodes: Optional[int] = typer.Option(None, "--max-episodes", min=0, help="With --out: write the pages "
+                                               "of the first N episodes by id only (default: every episode)."),
 ) -> None:
     """The trajectory viewer: runs, their episodes (filters, sorting), and each episode turn by turn with its
     reply tokens shaded by the reward allocated to them. Served on 127.0.0.1 until Ctrl-C, or exported."""
@@ -29,11 +31,12 @@ def view(
     with open_lake(read_only=True) as lake:
         if out is not None:
             check_output_path(lake.catalog, out, "view --out")
-            n = export_site(lake, out, snapshot=snapshot, spec=spec)
+            n = export_site(lake, out, snapshot=snapshot, spec=spec, max_episodes=max_episodes)
             display.console.print(f"viewer pages for {n} episodes in {out} (open {out / 'index.html'})")
             return
-        if spec is not None:
-            raise typer.BadParameter("--spec goes with --out (served pages choose the spec on the page)")
+        if spec is not None or max_episodes is not None:
+            raise typer.BadParameter("--spec and --max-episodes go with --out (served pages choose the spec on the "
+                                     "page)")
         viewer = Viewer(lake, snapshot=snapshot, port=port)
         display.console.print(f"trajlake viewer at {viewer.url} (snapshot {viewer.snapshot}); Ctrl-C stops it")
         try:

@@ -182,16 +182,16 @@ def _episode_pages(root: Path, pages: Pages, episodes: pl.DataFrame, bar: Export
 
 
 def export_site(lake, out: str | Path, *, snapshot: int | None = None, spec: str | None = None,
-                max_episodes: int = 5000, progress: bool = True) -> int:
-    """Write the viewer's pages to folder `out` (runs, every run's episodes, up to `max_episodes` episode
-    pages, the first by id); returns how many episode pages. `progress`: say how far it is on stderr."""
+                max_episodes: int | None = None, progress: bool = True) -> int:
+    """Write the viewer's pages to folder `out` (runs, every run's episodes, and every episode's page, or the
+    first `max_episodes` by id); returns how many episode pages. `progress`: say how far it is on stderr."""
     snap = _pin(lake, snapshot)
     pages = Pages(lake, snap, spec or latest_spec(lake, snapshot=snap), Links(static=True))
     pages.check_spec(spec)
     root = _out_folder(out)
     runs = lake.query(RUNS_SQL, snapshot=snap)
     episodes = lake.query(ALL_EPISODES_SQL, [pages.spec], snapshot=snap)
-    exported = episodes.head(max(0, int(max_episodes)))
+    exported = episodes if max_episodes is None else episodes.head(max(0, int(max_episodes)))
     with ExportProgress(exported.height, enabled=progress) as bar:
         _write(root, "", "index.html", runs_page(runs.to_dicts(), snap, pages.links, pages.spec))
         kinds = dict(zip(runs["run_id"].to_list(), runs["kind"].to_list(), strict=True))

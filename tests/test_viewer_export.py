@@ -154,3 +154,22 @@ def test_bench_writes_its_headline_rows(tmp_path, capsys):
         assert isinstance(r["met"], bool) and r["ratio"] == pytest.approx(r["alternative_value"] / r["trajlake_value"],
                                                                           rel=1e-2)
     assert "EXTRAPOLATED" in capsys.readouterr().out and "identical" in rows[0]["note"]
+
+
+def test_view_out_writes_every_episode_or_the_first_n(tmp_path):
+    """`trajlake view --out` exports every episode's page unless --max-episodes caps it; the cap goes with --out."""
+    from typer.testing import CliRunner
+
+    from trajlake.cli import app
+
+    lake_dir = tmp_path / "lake"
+    with Lake.open(str(lake_dir)) as lake:
+        lake.append({"episodes": [Episode(f"e{i}", run_id="r") for i in range(7)]}, stage="collect")
+    runner = CliRunner()
+    done = runner.invoke(app, ["--lake", str(lake_dir), "view", "--out", str(tmp_path / "all")])
+    assert done.exit_code == 0, done.output
+    assert len(list((tmp_path / "all" / "episodes").iterdir())) == 7
+    done = runner.invoke(app, ["--lake", str(lake_dir), "view", "--out", str(tmp_path / "some"), "--max-episodes", "3"])
+    assert done.exit_code == 0 and len(list((tmp_path / "some" / "episodes").iterdir())) == 3
+    done = runner.invoke(app, ["--lake", str(lake_dir), "view", "--max-episodes", "3", "--port", "0"])
+    assert done.exit_code != 0 and "--max-episodes go with --out" in done.output
