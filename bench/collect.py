@@ -14,7 +14,8 @@ in a temp dir, in this one process:
   started once before the timing (the startup is printed apart).
 
 The realistic case (make setup-vllm and make setup-smollm2 first):
-`.venv-vllm/bin/python bench/collect.py --model models/smollm2 --sides batched,vllm --threads 0`: SmolLM2-135M-Instruct on multi-turn guess episodes.
+`.venv-vllm/bin/python bench/collect.py --model models/smollm2 --sides batched,vllm --threads 0`:
+SmolLM2-135M-Instruct on multi-turn guess episodes.
 
 Timed: the whole `collect` call (env steps, tokenizing, generation, store writes). Reported per side:
 episodes, turns, generated tokens, new prompt tokens, fed tokens (the context the model read: every turn
