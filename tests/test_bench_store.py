@@ -3,6 +3,7 @@ against what it generated, and one snapshot per append), the ratios are printed;
 
 from __future__ import annotations
 
+import json
 import re
 
 import pytest
@@ -32,3 +33,20 @@ def test_bad_options_are_one_line(bench, argv, message, capsys):
     assert bench.main(argv) == 1
     err = capsys.readouterr().err.strip().splitlines()
     assert err == [f"error: {message}"]
+
+
+def test_json_rows_and_rounds(bench, tmp_path, capsys):
+    out = tmp_path / "rows.json"
+    assert bench.main(["--turns", "1000", "--batch", "500", "--rounds", "2", "--json", str(out)]) == 0
+    assert "medians of 2 rounds" in capsys.readouterr().out
+    rows = json.loads(out.read_text())
+    assert [r["stage"] for r in rows] == ["store: ingest 1,000 turns in appends of 500",
+                                          "store: scan 1,000 turns (counts and token list lengths)"]
+    for r in rows:
+        assert r["unit"] == "s" and r["target"] == 1.0 and r["trajlake_value"] > 0 and r["alternative_value"] > 0
+        assert r["met"] == (r["ratio"] >= 1.0)
+
+
+def test_rounds_need_the_temp_lake(bench, tmp_path, capsys):
+    assert bench.main(["--rounds", "2", "--lake", str(tmp_path / "lake")]) == 1
+    assert capsys.readouterr().err.strip() == "error: --rounds above 1 writes a new lake each round: leave --lake out"
