@@ -140,8 +140,8 @@ def test_prefix_of_the_whole_minibatch_is_read_once(model, monkeypatch):
     cfg = small_cfg(model, minibatch_size=16, micro_batch=4, lr=1e-3)
     made, read = [], []
     monkeypatch.setattr(S, "prefix_context", lambda *a, _f=FW.prefix_context: made.append(1) or _f(*a))
-    monkeypatch.setattr(FW, "_prefix_forward",
-                        lambda *a, _f=FW._prefix_forward: read.append(a[-1] is not None) or _f(*a))
+    for path in ("_prefix_forward", "_packed_logits"):  # the padded and the packed pass
+        monkeypatch.setattr(FW, path, lambda *a, _f=getattr(FW, path): read.append(a[-1] is not None) or _f(*a))
     _, fast, p_fast = _step(cfg, model, seqs, fast=True)
     assert made == [1] and read == [True] * 4  # one prefix pass, four micro-batches starting from it
     monkeypatch.undo()

@@ -16,6 +16,9 @@ from trajlake.lm.load import load_model, load_tokenizer
 from trajlake.train.config import TrainConfig
 from trajlake.train.distributed import device, init_distributed
 
+#: device types whose torch AdamW has a fused kernel
+FUSED_ADAM_DEVICES = ("cpu", "cuda")
+
 
 def ds_config(cfg: TrainConfig, world: int, *, lr: float | None = None, optimizer: bool = True) -> dict:
     """The DeepSpeed config dict a TrainConfig stands for."""
@@ -34,10 +37,14 @@ def ds_config(cfg: TrainConfig, world: int, *, lr: float | None = None, optimize
         "wall_clock_breakdown": False,
     }
     if optimizer:
-        # torch_adam: torch's AdamW, nothing to compile (DeepSpeed's fused CPU Adam builds a C++ op first)
-        conf["optimizer"] = {"type": "AdamW", "params": {"lr": cfg.lr if lr is None else lr, "betas": [0.9, 0.999],
-                                                         "eps": 1e-8, "weight_decay": cfg.weight_decay,
-                                                         "torch_adam": True}}
+        # torch_adam: torch's AdamW, nothing to compile (DeepSpeed's fused CPU Adam builds a C++ op first); its
+        # fused kernel where torch has one: one pass over each tensor instead of one per operation (a third of
+        # the step's time on a CPU), the same update to float rounding
+        params = {"lr": cfg.lr if lr is None else lr, "betas": [0.9, 0.999], "eps": 1e-8,
+                  "weight_decay": cfg.weight_decay, "torch_adam": True}
+        if device().type in FUSED_ADAM_DEVICES:
+            params["fused"] = True
+        conf["optimizer"] = {"type": "AdamW", "params": params}
     return conf
 
 

@@ -53,14 +53,21 @@ class NonFiniteError(TrajlakeError):
 
 
 def weights_finite(engine) -> bool:
-    """Whether every weight this process holds is finite (under ZeRO-3, its partition of each)."""
+    """Whether every weight this process holds is finite (under ZeRO-3, its partition of each).
+
+    First one norm over all of them (torch's vectorised reduction, no boolean copy of each tensor): finite
+    means every weight is. Only when it is not (a NaN or inf, or squares of weights past 1e19 that overflow)
+    is each tensor checked element by element."""
     module = getattr(engine, "module", engine)
+    tensors = []
     for p in module.parameters():
         t = getattr(p, "ds_tensor", None)  # ZeRO-3: p itself is an empty placeholder outside a gather
         t = p.data if t is None else t
-        if t.numel() and not bool(torch.isfinite(t).all()):
-            return False
-    return True
+        if t.numel():
+            tensors.append(t)
+    if not tensors or math.isfinite(float(torch.nn.utils.get_total_norm(tensors))):
+        return True
+    return all(bool(torch.isfinite(t).all()) for t in tensors)
 
 
 def check_update(engine, *, loss: float, grad_norm: float | None, prefix: str = "") -> None:

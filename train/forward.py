@@ -12,6 +12,9 @@ logits (and gradients) of one plain pass over the full rows; tests/test_train_fa
   `can_share_prefix`; worth it from MIN_SHARED_PREFIX tokens on). That pass can start from a `Context`: the
   keys and values of a prefix every row of a whole mini-batch starts with (a system prompt), computed once
   for all its micro-batches (`prefix_context`; its share of the gradient goes back by `context_loss`).
+- packed: the same shared prefix, then every row's rest unpadded, in one row (train/packing.py): one pass,
+  no padding, logits only where a token is scored. Taken instead of the shared prefix (or kept) when it
+  computes less (`packing.packed_cost`: not for long rows, whose dense mask costs more than the padding).
 """
 
 from __future__ import annotations
@@ -23,8 +26,9 @@ import torch
 import torch.nn.functional as F
 
 from trajlake.lm.prefix import MIN_SHARED_PREFIX, cache_unsupported, common_prefix
-from trajlake.train.algos import entropy_from_logits, log_probs_from_logits
+from trajlake.train.algos import entropy_from_logits, entropy_metric, log_probs_and_logsumexp
 from trajlake.train.distributed import device
+from trajlake.train.packing import Packed, pack_rows, packed_cost, packed_mask, padded_cost, pass_costs
 
 _KEEPS_LOGITS: dict[type, bool] = {}
 
@@ -135,24 +139,77 @@ def _prefix_forward(model, ids: torch.Tensor, attn: torch.Tensor, prefix: int, k
                  logits_to_keep=keep).logits
 
 
-def _logits(model, ids: torch.Tensor, attn: torch.Tensor, start: int, share_prefix: bool,
+def _shared(ids: torch.Tensor, attn: torch.Tensor, start: int, share_prefix: bool,
+            context: Context | None) -> tuple[int, Context | None]:
+    """The prefix of up to `start` tokens that every row starts with, and the Context to start from (None:
+    the prefix is not held, or does not cover it); (0, None) without `share_prefix`."""
+    if context is not None and ids.shape[0] == 1:  # a lone row shares everything with itself
+        return start, context
+    prefix = shared_prefix(ids, attn, start) if share_prefix else 0
+    return prefix, context if context is not None and prefix >= context.length else None
+
+
+def _packs(model, ids: torch.Tensor, attn: torch.Tensor, start: int, prefix: int, context: Context | None) -> bool:
+    """Whether the packed pass computes less than the padded one the other paths would run (see
+    `_logits`) for these rows, sharing `prefix` tokens (after `context`)."""
+    if ids.shape[0] < 2 or not can_share_prefix(model):
+        return False
+    held = context.length if context is not None else 0
+    costs = pass_costs(getattr(getattr(model, "module", model), "config", None))
+    shared = prefix if context is not None or prefix >= MIN_SHARED_PREFIX else 0
+    lengths = attn.sum(-1).tolist()
+    return packed_cost(lengths, prefix, held, costs) < padded_cost(len(lengths), ids.shape[1], shared, held, costs)
+
+
+def _packed_logits(model, ids: torch.Tensor, attn: torch.Tensor, start: int, prefix: int,
+                   context: Context | None) -> tuple[torch.Tensor, Packed]:
+    """The logits (N, V) of the N scoring positions of one packed pass over the rows (train/packing.py),
+    from the end of `context` when given, and the packing (which row and column each one scores)."""
+    from transformers import DynamicCache
+
+    module = getattr(model, "module", model)
+    held = context.length if context is not None else 0
+    packed = pack_rows(ids, attn.sum(-1).tolist(), prefix, start, held)
+    dev = ids.device
+    cache = None
+    if context is not None:
+        cache = DynamicCache(config=module.config)
+        for i, (k, v) in enumerate(zip(context.keys, context.values, strict=True)):
+            cache.update(k, v, i)
+    mask = packed_mask(packed.segments, held, module.dtype).to(dev)
+    out = model(input_ids=packed.ids.to(dev), attention_mask=mask, position_ids=packed.positions.to(dev),
+                past_key_values=cache, use_cache=cache is not None, logits_to_keep=packed.scored.to(dev))
+    return out.logits[0], packed
+
+
+def _logits(model, ids: torch.Tensor, attn: torch.Tensor, start: int, prefix: int,
             context: Context | None) -> torch.Tensor:
     """The logits that score the tokens after position `start`, (B, T - start - 1, V), by the path the
     arguments and the model allow (see the module docstring)."""
     if not start:  # plain
         return model(input_ids=ids, attention_mask=attn, use_cache=False).logits[:, :-1]
     keep = ids.shape[1] - start
-    if context is not None and ids.shape[0] == 1:  # a lone row shares everything with itself
-        prefix = start
-    else:
-        prefix = shared_prefix(ids, attn, start) if share_prefix else 0
-    if context is not None and prefix >= context.length:  # shared prefix, from the mini-batch's context
+    if context is not None:  # shared prefix, from the mini-batch's context
         logits = _prefix_forward(model, ids, attn, prefix, keep, context)
     elif prefix >= MIN_SHARED_PREFIX and can_share_prefix(model):  # shared prefix
         logits = _prefix_forward(model, ids, attn, prefix, keep, None)
     else:  # kept
         logits = model(input_ids=ids, attention_mask=attn, use_cache=False, logits_to_keep=keep).logits
     return logits[:, -keep:-1]
+
+
+def _scores(logits: torch.Tensor, labels: torch.Tensor, temperature: float, entropy: bool,
+            entropy_grad: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Log-probs of `labels` (...) under `logits` (..., V) / temperature, and with `entropy` the entropies
+    (differentiable with `entropy_grad`, else a metric: `entropy_metric`)."""
+    if temperature != 1.0:
+        logits = logits / temperature
+    lp, lse = log_probs_and_logsumexp(logits, labels)
+    if not entropy:
+        return lp, None
+    if entropy_grad and torch.is_grad_enabled():
+        return lp, entropy_from_logits(logits)
+    return lp, entropy_metric(logits, lse.detach())
 
 
 def forward_logprobs(model, input_ids: torch.Tensor, attention_mask: torch.Tensor, *, temperature: float = 1.0,
@@ -165,22 +222,26 @@ def forward_logprobs(model, input_ids: torch.Tensor, attention_mask: torch.Tenso
 
     `start` > 0: only the tokens after position `start` are scored (the caller masks the others, e.g. the
     first prompt), so a model that takes `logits_to_keep` computes logits from position `start` on only;
-    the log-probs and entropies of positions 0..start are then 0. `share_prefix` (with `start`): a prefix
-    of up to `start` tokens that every row starts with (a GRPO group's prompt) is read once for all rows,
-    when `can_share_prefix(model)`; `context`: the Context of a prefix every row starts with (of at most
-    `start` tokens), from which that pass starts. `entropy_grad` False: the entropy is a metric only."""
+    the log-probs and entropies of positions 0..start are then 0 (and, on the packed path, those of the
+    padding). `share_prefix` (with `start`): a prefix of up to `start` tokens that every row starts with (a
+    GRPO group's prompt) is read once for all rows, when `can_share_prefix(model)`, and the rows may be
+    packed into one; `context`: the Context of a prefix every row starts with (of at most `start` tokens),
+    from which that pass starts. `entropy_grad` False: the entropy is a metric only."""
     dev = device()
     ids, attn = input_ids.to(dev), attention_mask.to(dev)
     start = start if 0 < start < ids.shape[1] - 1 and accepts_logits_to_keep(model) else 0
-    logits = _logits(model, ids, attn, start, share_prefix, context)
-    if temperature != 1.0:
-        logits = logits / temperature
-    lp = F.pad(log_probs_from_logits(logits, ids[:, start + 1:]), (start + 1, 0))
-    ent = None
-    if entropy:
-        with torch.set_grad_enabled(entropy_grad and torch.is_grad_enabled()):
-            ent = F.pad(entropy_from_logits(logits), (start + 1, 0))
-    return lp, ent
+    prefix, context = _shared(ids, attn, start, share_prefix, context) if start else (0, None)
+    if start and share_prefix and _packs(model, ids, attn, start, prefix, context):
+        logits, packed = _packed_logits(model, ids, attn, start, prefix, context)
+        rows, cols = packed.rows.to(dev), packed.cols.to(dev)
+        lp, ent = _scores(logits, ids[rows, cols], temperature, entropy, entropy_grad)
+        out = torch.zeros(ids.shape, dtype=lp.dtype, device=dev).index_put((rows, cols), lp)
+        if ent is not None:
+            ent = torch.zeros(ids.shape, dtype=ent.dtype, device=dev).index_put((rows, cols), ent)
+        return out, ent
+    logits = _logits(model, ids, attn, start, prefix, context)
+    lp, ent = _scores(logits, ids[:, start + 1:], temperature, entropy, entropy_grad)
+    return F.pad(lp, (start + 1, 0)), None if ent is None else F.pad(ent, (start + 1, 0))
 
 
 def forward_values(critic, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:

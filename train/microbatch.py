@@ -49,7 +49,8 @@ def micro_shares(batch: Batch, rows: list[int], cfg: TrainConfig, world: int, ra
     """This process's micro-batches of `rows`: (sub-batch, its row indices); as many on every process (a
     process short of rows runs a fully masked one-row micro-batch, so collectives line up). With `share`
     (the forward reads a prefix common to a micro-batch's rows once), rows are grouped by group id instead
-    of by length alone when that makes less to compute (a GRPO group's samples share their prompt)."""
+    of by length alone when that makes less to compute (a GRPO group's samples share their prompt:
+    `tokens_read`)."""
     lengths = batch.lengths
     per_rank = -(-len(rows) // world)
     count = max(1, -(-per_rank // cfg.micro_batch))
@@ -69,16 +70,15 @@ def micro_shares(batch: Batch, rows: list[int], cfg: TrainConfig, world: int, ra
 
 
 def tokens_read(batch: Batch, groups: list[list[int]]) -> int:
-    """Positions a forward pass computes over the micro-batches `groups` (padding included), a prefix
-    shared by a micro-batch's rows counted once."""
-    total = 0
+    """Positions a packed forward pass (train/packing.py) computes over the micro-batches `groups`: a prefix
+    shared by a micro-batch's rows once, then each row's other tokens, no padding."""
+    lengths, total = batch.lengths, 0
     for mb in groups:
         if not mb:
             continue
         sub = batch.rows(mb)
-        width = sub.input_ids.shape[1]
         prefix = prefix_to_share(sub.input_ids, sub.attention_mask, sub.loss_mask)
-        total += prefix + len(mb) * (width - prefix)
+        total += prefix + sum(lengths[i] - prefix for i in mb)
     return total
 
 

@@ -81,6 +81,8 @@ from trajlake.train.algos.core import (
     Registry,
     aggregate,
     entropy_from_logits,
+    entropy_metric,
+    log_probs_and_logsumexp,
     log_probs_from_logits,
     masked_mean,
     masked_sum,
@@ -120,5 +122,5 @@ __all__ = [
     "value_loss", "mse_value_loss",
     "kl_k1", "kl_k2", "kl_k3", "kl_abs", "kl_penalty", "apply_kl_penalty",
     "FixedKLController", "AdaptiveKLController", "make_kl_controller",
-    "entropy_from_logits", "log_probs_from_logits", "turns",
+    "entropy_from_logits", "entropy_metric", "log_probs_and_logsumexp", "log_probs_from_logits", "turns",
 ]

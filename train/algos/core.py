@@ -354,8 +354,31 @@ def log_probs_from_logits(logits: torch.Tensor, labels: torch.Tensor) -> torch.T
     ``logits[label] - logsumexp(logits)`` in float32 at least. Differentiable in logits. (The caller aligns
     logits at position t with the token at t + 1.)
     """
+    return log_probs_and_logsumexp(logits, labels)[0]
+
+
+def log_probs_and_logsumexp(logits: torch.Tensor, labels: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """`log_probs_from_logits` and the logsumexp of the logits it subtracted: logits (..., V), labels (...)
+    int -> two (...) tensors, in float32 at least. Differentiable in logits."""
     x = logits.to(_float_dtype(logits))
     picked = torch.gather(x, -1, labels.long().unsqueeze(-1)).squeeze(-1)
-    return picked - torch.logsumexp(x, dim=-1)
+    lse = torch.logsumexp(x, dim=-1)
+    return picked - lse, lse
+
+
+@torch.no_grad()
+def entropy_metric(logits: torch.Tensor, lse: torch.Tensor) -> torch.Tensor:
+    """`entropy_from_logits` without gradient, from the logits (..., V) and their logsumexp `lse` (...):
+    lse - sum(softmax * logits), a dot product per position instead of log_softmax, exp, clamp and product
+    over the vocabulary (one (..., V) temporary instead of four). Positions whose result is not finite
+    (-inf logits: a masked vocabulary) are computed by `entropy_from_logits`. Returns (...) float32 at least."""
+    x = logits.to(_float_dtype(logits))
+    flat, lse_flat = x.reshape(-1, x.shape[-1]), lse.reshape(-1, 1).to(x.dtype)
+    p = (flat - lse_flat).exp_()
+    out = lse_flat[:, 0] - torch.bmm(p[:, None, :], flat[:, :, None]).reshape(-1)
+    bad = ~torch.isfinite(out)
+    if bool(bad.any()):
+        out[bad] = entropy_from_logits(flat[bad])
+    return out.reshape(x.shape[:-1])
 
 
