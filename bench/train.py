@@ -25,18 +25,14 @@ An iteration is: sample `--samples` replies to each prompt, score them, advantag
 * TRL: `GRPOTrainer.train()`: generation with `model.generate`, the reward function, advantages, the
   micro-batches' loss and backward, the optimizer step.
 
-Each side runs in its own process (so neither inherits the other's threads, allocator or process group),
-`--threads` torch threads each, one after the other. Each process runs 1 untimed warm-up iteration (engine
-and trainer setup, first-use costs) and then `--repeats` timed ones. trajlake's iteration time is wall
-clock between the ends of consecutive train_steps commits (everything the loop does for an iteration,
-checkpoint included); also shown is the loop's own `collect_s + update_s` (the same without the checkpoint
-and commit). TRL's is wall clock between consecutive `on_step_end` callbacks (one optimizer step =
-one iteration: generation for the whole batch happens in its first micro-step).
+Each side runs in its own process, `--threads` torch threads each, one after the other (alternating between
+rounds): 1 untimed warm-up iteration, then `--repeats` timed ones. trajlake's iteration time is wall clock
+between the ends of consecutive train_steps commits (checkpoint included; `loop s` leaves out the checkpoint
+and commit); TRL's between consecutive `on_step_end` callbacks. Trained tokens are counted the same way on
+both sides (completion tokens under the loss mask). The untrained tiny model's rewards are all equal, so every
+advantage is 0: trajlake's `drop_zero_advantage` is turned off, and both sides do the full update.
 
-Trained tokens are counted the same way on both sides: completion tokens under the loss mask (the sampled
-reply up to and including the end-of-turn token). With the untrained tiny model every reward is the same
-(no reply is a valid action), so every advantage is 0; trajlake's `drop_zero_advantage` would then skip
-the update entirely, so it is turned off here, and both sides do the full forward and backward.
+`--json PATH` writes the headline row (bench/headline.py) for `make bench`; `--quick` is the suite's size.
 """
 
 from __future__ import annotations
@@ -50,6 +46,8 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+
+from headline import Headline, add_json_option, write_rows
 
 GOAL_SPEC = """
 name = "bench-goal"
@@ -78,10 +76,13 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--threads", type=int, default=1, help="torch CPU threads of each side")
     p.add_argument("--model", default=None, help="model folder (default: build the tiny model in the temp dir)")
     p.add_argument("--only", choices=("trajlake", "trl"), default=None, help="run one side only")
-    p.add_argument("--json", default=None, help="also write the results to this file")
+    p.add_argument("--quick", action="store_true", help="2 rounds of 2 timed iterations (make bench's size)")
+    add_json_option(p)
     p.add_argument("--side", choices=("trajlake", "trl"), default=None, help=argparse.SUPPRESS)  # worker mode
     p.add_argument("--workdir", default=None, help=argparse.SUPPRESS)
     args = p.parse_args(argv)
+    if args.quick:
+        args.rounds, args.repeats = 2, 2
     if args.samples < 2:
         p.error("--samples must be >= 2 (GRPO compares the samples of a prompt)")
     if (args.prompts * args.samples) % args.micro_batch:
@@ -361,9 +362,35 @@ def main(argv=None) -> int:
             print("warning: the two sides' prompt ids differ", file=sys.stderr)
         load = os.getloadavg()
     rows = report(args, sides, results, load)
-    if args.json:
-        Path(args.json).write_text(json.dumps({"args": vars(args), "load": load, "rounds": rows}, indent=1))
+    write_rows(args.json, headlines(args, rows, load))
     return 0
+
+
+def headlines(args, rows: list[dict], load: tuple[float, float, float]) -> list[Headline]:
+    """trajlake against TRL in trained tokens/s over all rounds (none with one side): target 2.5x with the
+    tiny model, 1.5x with another (--model)."""
+    if not rows or "ratio" not in rows[0]:
+        return []
+    tokens = {s: sum(r[s]["tokens"] for r in rows) / sum(r[s]["seconds"] for r in rows) for s in ("trajlake", "trl")}
+    model = "tiny model" if args.model is None else Path(args.model).name
+    return [Headline(
+        stage=f"GRPO iteration: {model}, {args.prompts}x{args.samples}x{args.max_new_tokens}",
+        trajlake="trajlake's train loop (store, checkpoint)", alternative=f"TRL {_version('trl')} GRPOTrainer",
+        trajlake_value=tokens["trajlake"], alternative_value=tokens["trl"], unit="tokens/s",
+        target=2.5 if args.model is None else 1.5,
+        note=f"{len(rows)} rounds of {args.repeats} iterations: " + ", ".join(f"{r['ratio']:.2f}x" for r in rows)
+        + f"; without the checkpoint {statistics.median(r['ratio_loop'] for r in rows):.2f}x (median)",
+        extra={"args": {k: v for k, v in vars(args).items() if k not in ("side", "workdir")}, "load": load,
+               "rounds": rows})]
+
+
+def _version(package: str) -> str:
+    from importlib import metadata
+
+    try:
+        return metadata.version(package)
+    except metadata.PackageNotFoundError:
+        return "?"
 
 
 if __name__ == "__main__":

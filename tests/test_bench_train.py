@@ -72,3 +72,21 @@ def test_cli_checks(bench):
         bench.parse_args(["--samples", "1"])
     with pytest.raises(SystemExit):
         bench.parse_args(["--prompts", "3", "--samples", "2", "--micro-batch", "4"])
+
+
+def test_headline_rows(bench, tmp_path):
+    from headline import read_rows
+
+    args = bench.parse_args(["--quick", "--json", str(tmp_path / "rows.json")])
+    assert (args.rounds, args.repeats) == (2, 2)
+    rounds = [{"round": k, "trajlake": {"tokens": 100, "seconds": s}, "trl": {"tokens": 90, "seconds": 2.0},
+               "ratio": 90 / s / 45, "ratio_loop": 1.0} for k, s in ((1, 1.0), (2, 3.0))]
+    bench.write_rows(args.json, bench.headlines(args, rounds, (1.0, 1.0, 1.0)))
+    (row,) = read_rows(args.json)
+    assert row["stage"] == "GRPO iteration: tiny model, 16x4x48" and row["unit"] == "tokens/s"
+    assert row["trajlake_value"] == pytest.approx(50.0) and row["alternative_value"] == pytest.approx(45.0)
+    assert row["target"] == 2.5 and row["met"] is False and "2 rounds" in row["note"]
+    smol = bench.headlines(bench.parse_args(["--model", "models/smollm2", "--prompts", "4"]), rounds, (0, 0, 0))
+    assert smol[0].stage == "GRPO iteration: smollm2, 4x4x48" and smol[0].target == 1.5
+    one_side = [{"round": 1, "trajlake": rounds[0]["trajlake"]}]
+    assert bench.headlines(args, one_side, (0, 0, 0)) == []
