@@ -19,10 +19,10 @@ the three token lists (checked equal between the sides, and equal to what was ge
 
 Reported per side: seconds, rows/s (turns), MB/s of input (the batches' Arrow size), MB on disk and files;
 then the ratios store / plain of ingest and scan throughput; the target is 1.0x for both (issue 26).
-The sides write to the same disk one after the other (`--order`); the OS is asked to flush dirty pages
-(`os.sync`, not timed) before each side, so neither pays for the other's writes. `--rounds N` repeats the
-pair N times into new folders, the order alternating, and reports the medians (a shared machine's load moves
-single runs by tens of percent).
+The sides write to the same disk batch by batch, taking turns at going first (`--order`: the first batch's);
+the OS is asked to flush dirty pages (`os.sync`, not timed) before each write, so neither pays for the other's.
+`--rounds N` repeats the whole run N times into new folders, the first side alternating, and reports the medians
+(a shared machine's load moves single runs by tens of percent).
 """
 
 from __future__ import annotations
@@ -101,8 +101,8 @@ def parse_args(argv=None) -> tuple[StoreBenchConfig, str | None]:
     p.add_argument("--lake", default=None, help="lake URI for the store side, new or empty (default: a temp folder)")
     p.add_argument("--threads", type=int, default=d.threads, help="DuckDB threads (0: DuckDB's default)")
     p.add_argument("--seed", type=int, default=d.seed)
-    p.add_argument("--order", default=d.order, help="plain-first (default) or store-first: the first round's order")
-    p.add_argument("--rounds", type=int, default=None, help="pairs of runs, the order alternating (1; --quick 2)")
+    p.add_argument("--order", default=d.order, help="plain-first (default) or store-first: the first batch's")
+    p.add_argument("--rounds", type=int, default=None, help="whole runs, the first side alternating (1; --quick 2)")
     p.add_argument("--quick", action="store_true", help=f"{QUICK_TURNS:,} turns, 2 rounds")
     add_json_option(p)
     args = vars(p.parse_args(argv))
@@ -121,25 +121,20 @@ def folder_size(path: Path) -> tuple[int, int]:
     return sum(p.stat().st_size for p in files), len(files)
 
 
-def write_plain(batches: list[dict[str, pa.Table]], folder: Path) -> dict:
+def write_plain(batch: dict[str, pa.Table], folder: Path, i: int) -> tuple[float, float]:
+    """Batch `i` as a parquet file per table; (seconds, CPU seconds)."""
     folder.mkdir(parents=True, exist_ok=True)
     t0, c0 = time.perf_counter(), time.process_time()
-    for i, batch in enumerate(batches):
-        for name, table in batch.items():
-            pq.write_table(table, folder / f"{name}-{i:05d}.parquet")
-    seconds, cpu = time.perf_counter() - t0, time.process_time() - c0
-    size, files = folder_size(folder)
-    return {"side": "plain", "seconds": seconds, "cpu": cpu, "bytes": size, "files": files}
+    for name, table in batch.items():
+        pq.write_table(table, folder / f"{name}-{i:05d}.parquet")
+    return time.perf_counter() - t0, time.process_time() - c0
 
 
-def write_store(batches: list[dict[str, pa.Table]], lake) -> dict:
+def write_store(batch: dict[str, pa.Table], lake, i: int) -> tuple[float, float, int | None]:
+    """Batch `i` as one append; (seconds, CPU seconds, the snapshot made)."""
     t0, c0 = time.perf_counter(), time.process_time()
-    snapshots = []
-    for i, batch in enumerate(batches):
-        result = lake.append(batch, stage="bench", run_id="bench-store", message=f"bench: store batch {i}")
-        snapshots.append(result.snapshot_id)
-    seconds, cpu = time.perf_counter() - t0, time.process_time() - c0
-    return {"side": "store", "seconds": seconds, "cpu": cpu, "snapshots": len(set(snapshots) - {None})}
+    result = lake.append(batch, stage="bench", run_id="bench-store", message=f"bench: store batch {i}")
+    return time.perf_counter() - t0, time.process_time() - c0, result.snapshot_id
 
 
 def scan_store(lake) -> dict:
@@ -230,7 +225,8 @@ def headlines(cfg: StoreBenchConfig, ratios: dict) -> list[Headline]:
 
 
 def one_round(cfg: StoreBenchConfig, batches: list, tokens: dict, root: Path, order: list[str]) -> dict:
-    """Both sides into new folders under `root`, in `order`, then both scans, checked against `tokens`."""
+    """Both sides into new folders under `root`, batch by batch (`order` for the first), then both scans,
+    checked against `tokens`."""
     from trajlake.core.errors import TrajlakeError
     from trajlake.store import Lake
 
@@ -240,13 +236,22 @@ def one_round(cfg: StoreBenchConfig, batches: list, tokens: dict, root: Path, or
             raise TrajlakeError(f"--lake {cfg.lake} already holds rows: give a new or empty lake")
         if cfg.threads:
             lake.query(f"SET threads = {int(cfg.threads)}")
-        sides = {}
-        for side in order:
-            os.sync()
-            if side == "plain":
-                sides["plain"] = write_plain(batches, root / "plain")
-            else:
-                sides["store"] = write_store(batches, lake)
+        # batch by batch, the sides alternating which writes first: a shared machine's load drifts over the
+        # tens of seconds a side takes, and each batch's pair sees about the same load
+        sides = {n: {"side": n, "seconds": 0.0, "cpu": 0.0} for n in ("plain", "store")}
+        snapshots = set()
+        for i, batch in enumerate(batches):
+            for side in order if i % 2 == 0 else order[::-1]:
+                os.sync()
+                if side == "plain":
+                    seconds, cpu = write_plain(batch, root / "plain", i)
+                else:
+                    seconds, cpu, snapshot = write_store(batch, lake, i)
+                    snapshots.add(snapshot)
+                sides[side]["seconds"] += seconds
+                sides[side]["cpu"] += cpu
+        sides["store"]["snapshots"] = len(snapshots - {None})
+        sides["plain"]["bytes"], sides["plain"]["files"] = folder_size(root / "plain")
         if not lake.catalog.remote:
             sides["store"]["bytes"], sides["store"]["files"] = folder_size(Path(lake.catalog.data_path))
         else:
