@@ -177,3 +177,22 @@ def test_the_optimizer_is_torch_adamw_fused_on_cpu(model):
     eng = E.build_engines(small_cfg(model), str(model))
     opt = eng.actor.optimizer
     assert isinstance(opt, torch.optim.AdamW) and opt.defaults["fused"] is True
+
+
+def test_one_process_skips_deepspeeds_all_reduce_and_steps_the_same(model, monkeypatch):
+    cfg = small_cfg(model, micro_batch=4, lr=1e-3)
+    seqs = rows(2, 4, seed=5)
+    for i, s in enumerate(seqs):
+        s.rewards = [0.0] * (len(s) - 1) + [float(i % 2)]
+        s.score = float(i % 2)
+    m_skip, p_skip = _step(cfg, model, seqs)
+    assert E.build_engines(cfg, str(model)).actor.enable_backward_allreduce is False
+    real = E.make_engine
+    monkeypatch.setattr(E, "make_engine", lambda *a, **k: _with_allreduce(real(*a, **k)))
+    m_all, p_all = _step(cfg, model, seqs)  # DeepSpeed's all-reduce on: the same weights, bit for bit
+    assert m_skip["grad_norm"] > 0 and torch.equal(p_skip, p_all)
+
+
+def _with_allreduce(engine):
+    engine.enable_backward_allreduce = True
+    return engine
