@@ -72,15 +72,17 @@ def spans_sql(spec: RewardSpec) -> str:
 
 def split_spans(result: pa.Table, spec_id: str) -> tuple[pa.Table, pa.Table]:
     """(the result without its `spans` list column, sorted by episode id as the query without spans sorts it;
-    the spans as reward_spans' rows, in no order): Arrow only, no copy of the values beyond the episode id each
-    span takes from its row."""
-    lists = result["spans"].combine_chunks() if result.num_rows else pa.array([], result.schema.field("spans").type)
-    flat = lists.flatten()
-    parents = pc.list_parent_indices(lists)
-    spans = pa.table({
-        "spec_id": pa.repeat(pa.scalar(spec_id, pa.string()), len(flat)),
-        "episode_id": result["episode_id"].take(parents),
-        **{name: flat.field(name) for name in ("turn", "position", "length", "reward")},
-    }).cast(SPANS_SCHEMA)
+    the spans as reward_spans' rows, in no order): Arrow only, batch by batch as the query returned them, no copy
+    of the values beyond the episode id each span takes from its row."""
+    batches = []
+    for batch in result.to_batches():
+        lists = batch.column("spans")
+        flat = lists.flatten()
+        batches.append(pa.record_batch([
+            pa.repeat(pa.scalar(spec_id, pa.string()), len(flat)),
+            batch.column("episode_id").take(pc.list_parent_indices(lists)),
+            *(flat.field(name) for name in ("turn", "position", "length", "reward")),
+        ], names=SPANS_SCHEMA.names))
+    spans = pa.Table.from_batches(batches).cast(SPANS_SCHEMA) if batches else SPANS_SCHEMA.empty_table()
     episodes = result.drop_columns(["spans"])
     return episodes.take(pc.sort_indices(episodes, [("episode_id", "ascending")])), spans
