@@ -119,20 +119,20 @@ def parse_args(argv=None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--turns", type=int, default=None, help="turns in the synthetic lake (1,000,000)")
     p.add_argument("--turns-per-episode", type=int, default=10)
-    p.add_argument("--repeats", type=int, default=None, help="timed runs of each side (3; --quick 2)")
+    p.add_argument("--repeats", type=int, default=None, help="timed runs of each side (3)")
     p.add_argument("--python-turns", type=int, default=None,
                    help="turns the Python loop runs over (default: all; --quick 20,000); fewer: extrapolated")
     p.add_argument("--batches", type=int, default=4, help="appends used to build the lake")
     p.add_argument("--threads", type=int, default=0, help="DuckDB threads (0: DuckDB's default, all cores)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--dir", default=None, help="where to build the lakes (default: a temp dir, removed after)")
-    p.add_argument("--quick", action="store_true", help="1M turns, 2 repeats, the Python loop on 20,000 turns")
+    p.add_argument("--quick", action="store_true", help="the Python loop on 20,000 turns only (about a minute in all)")
     add_json_option(p)
     args = p.parse_args(argv)
     if args.turns is None:
         args.turns = 1_000_000
     if args.repeats is None:
-        args.repeats = 2 if args.quick else 3
+        args.repeats = 3
     if min(args.turns, args.repeats, args.turns_per_episode, args.batches) < 1 or args.turns < args.turns_per_episode:
         p.error("--turns, --repeats, --turns-per-episode and --batches must be at least 1, and --turns at least "
                 "--turns-per-episode")
