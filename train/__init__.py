@@ -8,8 +8,8 @@ Reading order, one RL iteration from the top:
   evaluates it) or stored (stored_rollouts.py: a `train_filter`'s groups, and earlier rollouts replayed).
 - batch.py: the episodes read back token for token, with their per-token rewards, as a padded batch.
 - steps.py: one update over a batch (`prepare`, `rl_update`, `sft_update`); microbatch.py deals it to
-  processes and micro-batches; forward.py computes log-probs and values; engine.py builds the DeepSpeed
-  engines; distributed.py is the collective glue.
+  processes and micro-batches; forward.py computes log-probs and values (packing.py: a micro-batch's rows
+  as one unpadded row); engine.py builds the DeepSpeed engines; distributed.py is the collective glue.
 - algos/: the math as pure functions in registries: advantage estimators, losses, KL, algos (algorithms.py).
 - config.py with config_checks.py: TrainConfig; overrides.py: the fields the command line overrides.
 - checkpoint.py: checkpoints and their policies rows; reproduce.py: `train --replay`, a stored step again.
