@@ -41,6 +41,8 @@ def test_resume_restores_weights_and_optimizer(model, tmp_path, monkeypatch, wit
         monkeypatch.setattr(CK, "_save_without_module",
                             lambda e, folder, tag: e.save_checkpoint(str(folder), tag=tag, save_latest=False))
     CK.save(eng, tmp_path / "step-1", state={"step": 1}, save_optimizer=True)
+    # DeepSpeed's own state file, written by this test just above (DeepSpeed pickles its config in it, so
+    # weights_only cannot read it); trajlake itself never loads a pickle: its weights are safetensors
     saved = torch.load(next((tmp_path / "step-1" / CK.DS_DIR / "actor").glob("*model_states.pt")),
                        weights_only=False)
     assert bool(saved["module"]) is with_module and saved["optimizer"]["state"]
