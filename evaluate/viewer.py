@@ -1,14 +1,18 @@
 """`trajlake view`: the trajectory viewer, served on 127.0.0.1 or exported as static files.
 
 Served: `/` (runs), `/run?id=<run id>` (its episodes, RUN_PAGE_ROWS a page: `&page=N` for the Nth),
-`/episode?id=<id>`, `/compare?a=ID&b=ID[&spec_b=SPEC]`; every page takes `?spec=SPEC_ID` (default: the last
-spec scored). `/run/<id>` and `/episode/<id>` work too, but the pages link with the query form: a browser
-collapses a path segment `.` or `..`, however encoded. The lake is read at one snapshot pinned when the viewer
-starts (`--snapshot` to choose), so what a page shows does not move while new runs land.
+`/episode?id=<id>`, `/compare?a=ID&b=ID[&spec_b=SPEC]`, `/train?id=<train run>` (its curves, evals, config,
+policies and steps; `/run?id=` of a train run answers it too), `/evals?id=<train run>` (its evals compared task
+by task), `/evals?a=EVAL&b=EVAL` (two eval runs compared), `/trained?id=<train run>&step=N` (the episodes a step
+trained on); every page takes `?spec=SPEC_ID` (default: the last spec scored). `/run/<id>` and `/episode/<id>`
+work too, but the pages link with the query form: a browser collapses a path segment `.` or `..`, however
+encoded. The lake is read at one snapshot pinned when the viewer starts (`--snapshot` to choose), so what a
+page shows does not move while new runs land.
 Exported (`--out DIR`, viewer_export.py): `index.html`, `runs/<run>.html` (and `<run>%pN.html` for the parts
-of a long run), `episodes/<id>.html` (ids encoded into one safe file name each, every written path checked to
-lie inside DIR), the same pages with relative links, under one spec, for sharing, read in a few bulk
-queries. Pages escape everything they show and carry a Content-Security-Policy (viewer_html.py).
+of a long run), `train/<run>.html`, `evals/<run>.html` and `trained/<run>%sN.html` of each train run,
+`episodes/<id>.html` (ids encoded into one safe file name each, every written path checked to lie inside DIR),
+the same pages with relative links, under one spec, for sharing, read in a few bulk queries. Pages escape
+everything they show and carry a Content-Security-Policy (viewer_html.py).
 """
 
 from __future__ import annotations
@@ -34,6 +38,13 @@ def _part(value: str | None) -> int:
         return 1
     if not value.isdigit() or len(value) > 9:
         raise TrajlakeError(f"no page {value!r}: pages are numbered from 1")
+    return int(value)
+
+
+def _step(value: str | None) -> int:
+    """A trained-on page's `?step=N`: a whole number, else a 404 that names it."""
+    if not value or not value.isdigit() or len(value) > 18:
+        raise TrajlakeError(f"no step {value!r}: give the step as a whole number (&step=N)")
     return int(value)
 
 
@@ -114,6 +125,14 @@ class Viewer:
                     return 200, pages.episode(parts[1])
                 if parts[0] == "compare" and "a" in q and "b" in q:
                     return 200, pages.compare(q["a"], q["b"], q.get("spec_b") or None)
+                if parts[0] == "train" and len(parts) == 2:
+                    return 200, pages.train(parts[1])
+                if parts[0] == "evals" and len(parts) == 2:
+                    return 200, pages.evals(parts[1])
+                if parts[0] == "evals" and "a" in q and "b" in q:
+                    return 200, pages.eval_pair(q["a"], q["b"])
+                if parts[0] == "trained" and len(parts) == 2:
+                    return 200, pages.trained(parts[1], _step(q.get("step")))
         except TrajlakeError as e:  # the message names what was asked for: escaped by error_page
             return 404, error_page("Not found", str(e))
         # the path itself is not echoed (a page that repeats its URL is the classic reflection)

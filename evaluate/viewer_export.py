@@ -26,7 +26,8 @@ import polars as pl
 
 from trajlake.core.errors import TrajlakeError
 from trajlake.evaluate.viewer_pages import RUN_PAGE_ROWS, RUNS_SQL, TURN_COLUMNS, Links, Pages, _tokenizer_for
-from trajlake.evaluate.viewer_render import TokenText, episode_block, rewards_from_spans, runs_page
+from trajlake.evaluate.viewer_render import TokenText, episode_block, rewards_from_spans
+from trajlake.evaluate.viewer_train_data import read_train, sparks, train_ids
 from trajlake.store.reads import latest_spec
 
 #: episodes whose turns and token rewards are read (and held) at once
@@ -86,14 +87,14 @@ def _write(root: Path, folder: str, name: str, text: str) -> None:
 
 def _out_folder(out: str | Path) -> Path:
     """The export folder, created and resolved (symlinks followed once, here, so every check below compares
-    real paths), with its runs/ and episodes/ folders inside it."""
+    real paths), with its page folders inside it (runs/, episodes/, and train/, evals/, trained/ for train runs)."""
     root = Path(out).expanduser()
     if root.exists() and not root.is_dir():
         raise TrajlakeError(f"viewer output {root} is a file; pass a folder (it is created if missing)")
     try:
         root.mkdir(parents=True, exist_ok=True)
         root = root.resolve(strict=True)
-        for sub in ("runs", "episodes"):
+        for sub in ("runs", "episodes", "train", "evals", "trained"):
             (root / sub).mkdir(exist_ok=True)
             _inside(root, root / sub)
     except OSError as e:
@@ -150,6 +151,35 @@ def _run_pages(root: Path, pages: Pages, episodes: pl.DataFrame, kinds: dict) ->
     return written
 
 
+#: the distinct episodes each step of train runs $1 trained on
+STEP_EPISODES_SQL = ("SELECT run_id, step, list_distinct(episode_ids) AS ids FROM train_steps "
+                     "WHERE run_id IN (SELECT unnest($1::VARCHAR[])) AND episode_ids IS NOT NULL ORDER BY run_id, step")
+
+
+def _train_pages(root: Path, pages: Pages, episodes: pl.DataFrame) -> int:
+    """Every train run's page and its evals' page (read for all of them at once, rendered one by one), and the
+    page of what each of its steps trained on (from `episodes`, every episode's row); how many files."""
+    lake, snap = pages.lake, pages.snapshot
+    views = read_train(lake, snap, train_ids(lake, snap))
+    written = 0
+    for run_id, view in views.items():
+        _write(root, "train", Links.page_file(run_id), pages.train_from(view))
+        _write(root, "evals", Links.page_file(run_id), pages.evals_from(view))
+        written += 2
+    if not views:
+        return written
+    steps = lake.query(STEP_EPISODES_SQL, [list(views)], snapshot=snap, output="arrow").to_pylist()
+    for s in steps:
+        if not s["ids"]:
+            continue
+        found = episodes.filter(pl.col("episode_id").is_in(s["ids"]))
+        text = pages.trained_from(s["run_id"], s["step"], found.head(RUN_PAGE_ROWS).to_dicts(), total=found.height,
+                                  listed=len(s["ids"]), sources=views[s["run_id"]].sources.get(s["step"], []))
+        _write(root, "trained", Links.trained_file(s["run_id"], s["step"]), text)
+        written += 1
+    return written
+
+
 def _by_episode(rows: list[dict]) -> dict[str, list[dict]]:
     out: dict[str, list[dict]] = {}
     for r in rows:
@@ -183,8 +213,9 @@ def _episode_pages(root: Path, pages: Pages, episodes: pl.DataFrame, bar: Export
 
 def export_site(lake, out: str | Path, *, snapshot: int | None = None, spec: str | None = None,
                 max_episodes: int | None = None, progress: bool = True) -> int:
-    """Write the viewer's pages to folder `out` (runs, every run's episodes, and every episode's page, or the
-    first `max_episodes` by id); returns how many episode pages. `progress`: say how far it is on stderr."""
+    """Write the viewer's pages to folder `out` (runs, every run's episodes, every train run's page, evals and
+    trained-on episodes, and every episode's page, or the first `max_episodes` by id); returns how many episode
+    pages. `progress`: say how far it is on stderr."""
     snap = _pin(lake, snapshot)
     pages = Pages(lake, snap, spec or latest_spec(lake, snapshot=snap), Links(static=True))
     pages.check_spec(spec)
@@ -193,10 +224,11 @@ def export_site(lake, out: str | Path, *, snapshot: int | None = None, spec: str
     episodes = lake.query(ALL_EPISODES_SQL, [pages.spec], snapshot=snap)
     exported = episodes if max_episodes is None else episodes.head(max(0, int(max_episodes)))
     with ExportProgress(exported.height, enabled=progress) as bar:
-        _write(root, "", "index.html", runs_page(runs.to_dicts(), snap, pages.links, pages.spec))
+        _write(root, "", "index.html", pages.runs_from(runs.to_dicts(), sparks(lake, snap)))
         kinds = dict(zip(runs["run_id"].to_list(), runs["kind"].to_list(), strict=True))
         n = _run_pages(root, pages, episodes, kinds)
-        bar.step(f"the index and {n} run pages")
+        t = _train_pages(root, pages, episodes)
+        bar.step(f"the index and {n} run pages" + (f", {t} train run pages" if t else ""))
         _episode_pages(root, pages, exported, bar)
     return exported.height
 

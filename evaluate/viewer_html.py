@@ -25,6 +25,15 @@ padding:.4em} .reply{font-family:monospace;white-space:pre-wrap;line-height:1.7}
 .side{display:flex;gap:1em} .side>div{flex:1;min-width:0} form.filters{margin:.5em 0} form.filters input{width:7em}
 .notclean{color:#a00;background:#fdecea;font-weight:bold} p.notclean{border:1px solid #e0a0a0;padding:.5em}
 .clean{color:#2a7a2a}
+.charts{display:flex;flex-wrap:wrap;gap:.5em} svg.chart{border:1px solid #eee;background:#fff}
+svg text{font-size:10px;font-family:system-ui,sans-serif} svg .ct{font-size:12px;font-weight:bold;fill:#222}
+svg .cg{stroke:#eee} svg .ca{stroke:#999} svg .cl{fill:#555} svg .cn{fill:#999} svg.spark{vertical-align:middle}
+.panes{display:flex;flex-wrap:wrap;gap:1.5em;align-items:flex-start} .panes>#curves{flex:1 1 740px;min-width:0}
+.panes>#evals{flex:0 1 560px;min-width:0;overflow-x:auto} td.curve{white-space:nowrap}
+tr.group th{background:#eef2f7} tr.child td:first-child{padding-left:1.5em}
+tr.depth-2 td:first-child{padding-left:3em} tr.depth-3 td:first-child{padding-left:4.5em}
+td.ok a,.win{color:#2a7a2a} td.bad a,.loss{color:#a00} td.part a{color:#a60} tr.differs td{background:#fffbe6}
+td.num{white-space:nowrap} section.evalgroup{border-top:1px solid #ccc;margin-top:1em}
 """
 
 # The one script of every page. It reads the page only through data-* attributes and textContent, never

@@ -1,14 +1,18 @@
 """The trajectory viewer's pages (`trajlake view`), rendered from the lake at one pinned snapshot.
 
-Three pages, every one a plain HTML file that works the same served (`trajlake view`) and exported
-(`trajlake view --out DIR`): the runs; a run's episodes (filtered and sorted in the page: env, policy,
-success, reward range under the chosen spec; a run of more than RUN_PAGE_ROWS episodes in parts of that many),
+Its pages, every one a plain HTML file that works the same served (`trajlake view`) and exported
+(`trajlake view --out DIR`): the runs (by kind, train runs first, each with the runs under it); a run's
+episodes (filtered and sorted in the page: env, policy, success, reward range under the chosen spec; a run of
+more than RUN_PAGE_ROWS episodes in parts of that many),
 and for an eval run whether its number is held out (how many of its tasks the evaluated policy's lineage
 trained on, and its success on the clean rest); one episode, turn by turn: the observation, the reply with
 each of its tokens shaded by the reward the spec allocated to it (`token_rewards`; the value is in each
 token's title and `data-reward`), and beside the episode's reward its group-relative advantage (GRPO's: the
 reward minus its group's mean, over the group's std), the parsed action, format flag, step reward and info.
-Two episodes, or one episode under two specs, go side by side (`compare`).
+Two episodes, or one episode under two specs, go side by side (`compare`). A train run has its own pages
+(viewer_train): its curves, evals, config, policies and steps (`train`), its evals compared on the same tasks
+(`evals`; any two eval runs: `eval_pair`) and what each step trained on (`trained`), read by viewer_train_data
+for one run here and for every train run at once by the export.
 
 `Pages` reads one page's rows (a few queries, each filtered by the id the page is of, so DuckLake reads only
 the files whose statistics hold it) and renders them with viewer_render's functions; the export reads every
@@ -21,6 +25,7 @@ from functools import lru_cache
 
 from trajlake.core.errors import TrajlakeError
 from trajlake.core.ids import path_component
+from trajlake.evaluate.viewer_evals import pair_page
 from trajlake.evaluate.viewer_html import esc, link, page, url_part
 from trajlake.evaluate.viewer_render import (
     RUN_PAGE_ROWS,
@@ -33,14 +38,33 @@ from trajlake.evaluate.viewer_render import (
     runs_page,
     shade,
 )
+from trajlake.evaluate.viewer_train import train_evals_page, train_page, trained_page
+from trajlake.evaluate.viewer_train_data import (
+    TRAINED_FROM_SQL,
+    eval_pair,
+    read_train,
+    sparks,
+    train_fields,
+)
 from trajlake.store.reads import eval_contamination, policy_source, reward_spec_names
 from trajlake.store.runs import stored as stored_run
 
 RUNS_SQL = """
 SELECT r.run_id, r.kind, r.status, r.parent_run_id, count(e.episode_id) AS episodes,
        round(avg(e.success::INT), 3) AS success_rate, string_agg(DISTINCT e.env, ', ') AS envs,
-       string_agg(DISTINCT e.policy_id, ', ') AS policies, r.started_at
-FROM runs r LEFT JOIN episodes e USING (run_id) GROUP BY ALL ORDER BY r.started_at, r.run_id
+       string_agg(DISTINCT e.policy_id, ', ') AS policies, r.started_at, coalesce(s.steps, 0) AS steps
+FROM runs r LEFT JOIN episodes e USING (run_id)
+     LEFT JOIN (SELECT run_id, count(*) AS steps FROM train_steps GROUP BY run_id) s USING (run_id)
+GROUP BY ALL ORDER BY r.started_at, r.run_id
+"""
+#: the first $4 of the episodes step $3 of train run $2 trained on (by id), rewards under spec $1, with how
+#: many there are
+TRAINED_SQL = """
+SELECT e.episode_id, e.run_id, e.env, e.policy_id, e.task_id, e.sample_index, e.status, e.success, e.env_reward,
+       e.num_turns, e.num_agent_tokens, r.total AS reward, count(*) OVER () AS total
+FROM episodes e LEFT JOIN episode_rewards r ON r.episode_id = e.episode_id AND r.spec_id = $1
+WHERE e.episode_id IN (SELECT unnest(episode_ids) FROM train_steps WHERE run_id = $2 AND step = $3)
+ORDER BY e.episode_id LIMIT $4
 """
 #: a part of a run's episodes ($3 rows from row $4), with how many it has in all and the run's kind ($1: the spec)
 EPISODES_SQL = """
@@ -110,6 +134,26 @@ class Links:
     def index(self, depth: int = 0) -> str:
         return ("../" * depth + "index.html") if self.static else "/"
 
+    def train(self, run_id: str, spec: str | None, depth: int = 0) -> str:
+        """A train run's page: its curves, evals, config, policies and steps."""
+        return self._to("train", "train", run_id, spec, depth)
+
+    def evals(self, run_id: str, spec: str | None, depth: int = 0) -> str:
+        """A train run's evals compared task by task."""
+        return self._to("evals", "evals", run_id, spec, depth)
+
+    @staticmethod
+    def trained_file(run_id: str, step: int) -> str:
+        """The exported page of what step `step` of a train run trained on: `%sN` after the run's name, which no
+        id's own name holds (as `%pN`)."""
+        return path_component(run_id) + f"%s{int(step)}.html"
+
+    def trained(self, run_id: str, step: int, spec: str | None, depth: int = 0) -> str:
+        """The episodes step `step` of train run `run_id` trained on."""
+        if self.static:
+            return "../" * depth + f"trained/{url_part(self.trained_file(run_id, step))}"
+        return (f"/trained?id={url_part(run_id)}&step={int(step)}" + (f"&spec={url_part(spec)}" if spec else ""))
+
 
 class Pages:
     """The viewer's pages over `lake` at `snapshot`, rewards under spec `spec` (a spec id; None: none): each
@@ -146,7 +190,56 @@ class Pages:
         return f"<p>rewards under spec: {' | '.join(items) or 'none scored yet'}</p>"
 
     def runs(self) -> str:
-        return runs_page(self.q(RUNS_SQL).to_dicts(), self.snapshot, self.links, self.spec)
+        return self.runs_from(self.q(RUNS_SQL).to_dicts(), sparks(self.lake, self.snapshot))
+
+    def runs_from(self, rows: list[dict], lines: dict) -> str:
+        """The run list from rows already read (RUNS_SQL's) and the train runs' sparkline values (`sparks`)."""
+        return runs_page(rows, self.snapshot, self.links, self.spec, lines)
+
+    # ---- train runs and their evals (viewer_train) ------------------------------------------------------------
+    def _train_view(self, run_id: str):
+        view = read_train(self.lake, self.snapshot, [run_id]).get(run_id)
+        if view is None:
+            raise TrajlakeError(f"no train run {run_id!r} at snapshot {self.snapshot}")
+        return view
+
+    def train(self, run_id: str) -> str:
+        """Train run `run_id`'s page: curves, evals, config, policies, steps."""
+        return self.train_from(self._train_view(run_id))
+
+    def train_from(self, view) -> str:
+        return train_page(view, self.links, self.spec, train_fields())
+
+    def evals(self, run_id: str) -> str:
+        """Train run `run_id`'s evals compared on the same tasks."""
+        return self.evals_from(self._train_view(run_id))
+
+    def evals_from(self, view) -> str:
+        return train_evals_page(view, self.links, self.spec)
+
+    def eval_pair(self, a: str, b: str) -> str:
+        """Eval runs `a` and `b` compared on the tasks they share (served only)."""
+        try:
+            groups = eval_pair(self.lake, self.snapshot, a, b)
+        except KeyError as e:
+            raise TrajlakeError(f"no eval run {e.args[0]!r} with played episodes at snapshot {self.snapshot}") from None
+        return pair_page(a, b, groups, self.links, self.spec)
+
+    def trained(self, run_id: str, step: int) -> str:
+        """The episodes step `step` of train run `run_id` trained on (the first RUN_PAGE_ROWS by id)."""
+        got = self.q("SELECT coalesce(len(list_distinct(episode_ids)), 0) AS listed FROM train_steps "
+                     "WHERE run_id = ? AND step = ?", [run_id, step])
+        if not got.height:
+            raise TrajlakeError(f"no step {step} of train run {run_id!r} at snapshot {self.snapshot}")
+        rows = self.q(TRAINED_SQL, [self.spec, run_id, step, RUN_PAGE_ROWS]).to_dicts()
+        sources = [(r["from_run"], int(r["episodes"])) for r in self.q(TRAINED_FROM_SQL, [[run_id], step]).to_dicts()]
+        return self.trained_from(run_id, step, rows, total=rows[0]["total"] if rows else 0,
+                                 listed=int(got["listed"][0]), sources=sources)
+
+    def trained_from(self, run_id: str, step: int, rows: list[dict], *, total: int, listed: int,
+                     sources: list) -> str:
+        return trained_page(run_id, step, rows, total=total, listed=listed, sources=sources, links=self.links,
+                            spec=self.spec, spec_line=self.spec_line(lambda s: self.links.trained(run_id, step, s)))
 
     def run(self, run_id: str, part: int = 1) -> str:
         """Part `part` (from 1) of run `run_id`'s episodes: RUN_PAGE_ROWS of them, by id."""
@@ -156,6 +249,8 @@ class Pages:
         if not rows:
             if part > 1 and self.q("SELECT 1 FROM episodes WHERE run_id = ? LIMIT 1", [run_id]).height:
                 raise TrajlakeError(f"no page {part} of run {run_id!r} at snapshot {self.snapshot}")
+            if part == 1 and (view := read_train(self.lake, self.snapshot, [run_id]).get(run_id)) is not None:
+                return self.train_from(view)  # a train run has no episodes of its own: its page is its train page
             raise TrajlakeError(f"no episodes in run {run_id!r} at snapshot {self.snapshot}")
         held_out = self._held_out(run_id) if rows[0]["run_kind"] == "eval" else ""
         return self.run_from(run_id, rows, total=rows[0]["total"], part=part, held_out=held_out)

@@ -11,6 +11,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable
 
 from trajlake.evaluate.metrics import held_out_label
+from trajlake.evaluate.viewer_charts import sparkline
 from trajlake.evaluate.viewer_html import attrs, esc, link, page
 
 #: the most episodes one run page lists; a longer run is split into parts (`?page=N`, `<run>%pN.html`), so
@@ -61,16 +62,74 @@ def rewards_from_spans(spans: Iterable[tuple[int, int, float]]) -> dict[int, flo
     return out
 
 
-def runs_page(rows: list[dict], snapshot: int, links, spec: str | None) -> str:
-    """The index: every run (RUNS_SQL's rows), linked to its page when it has episodes."""
-    body = [f"<h1>Runs</h1><p class=\"muted\">lake snapshot {esc(snapshot)}; {len(rows)} runs</p>",
-            "<table id=\"runs\"><tr><th>run</th><th>kind</th><th>status</th><th>parent</th><th>episodes</th>"
-            "<th>success</th><th>envs</th><th>policies</th><th>started</th></tr>"]
+#: the run list's groups, in order (a kind not named here follows, in name order)
+KIND_ORDER = ("train", "eval", "collect", "import")
+
+
+def _spark_cell(run_id: str, sparks: dict) -> str:
+    """A train run's main metric as a sparkline with its last value ('' when it has none)."""
+    if run_id not in sparks:
+        return ""
+    label, points = sparks[run_id]
+    values = [(x, y) for x, y in points if y is not None]
+    if not values:
+        return ""
+    first, last = values[0], values[-1]
+    title = f"{label} at step {first[0]:g}: {first[1]:.4g}; at step {last[0]:g}: {last[1]:.4g} ({len(points)} steps)"
+    return sparkline(points, label=title) + f" <span class=\"muted\">{esc(label)} {last[1]:.3g}</span>"
+
+
+def runs_page(rows: list[dict], snapshot: int, links, spec: str | None, sparks: dict | None = None) -> str:
+    """The index: every run (RUNS_SQL's rows), grouped by kind, train runs first, each followed by the runs
+    under it (`parent_run_id`: a train run's iteration collect runs and in-training evals); a train run (of kind
+    train, or with steps) links to its train page with a sparkline of its main metric (`sparks`: run id ->
+    (label, [(step, value)])), another run with episodes to its episodes."""
+    sparks = sparks or {}
+    ids = {r["run_id"] for r in rows}
+    children: dict[str, list[dict]] = {}
+    top = []
     for r in rows:
-        name = link(links.run(r["run_id"], spec), r["run_id"]) if r["episodes"] else esc(r["run_id"])
+        parent = r["parent_run_id"]
+        if parent in ids and parent != r["run_id"]:
+            children.setdefault(parent, []).append(r)
+        else:
+            top.append(r)
+    is_train = lambda r: r["kind"] == "train" or bool(r.get("steps"))  # noqa: E731
+    groups: dict[str, list[dict]] = {}
+    for r in top:
+        groups.setdefault("train" if is_train(r) else str(r["kind"]), []).append(r)
+    order = [k for k in KIND_ORDER if k in groups] + sorted(k for k in groups if k not in KIND_ORDER)
+    head = "".join(f"<th>{t}</th>" for t in ("run", "kind", "status", "parent", "episodes", "success", "envs",
+                                             "policies", "started", "curve"))
+    body = [f"<h1>Runs</h1><p class=\"muted\">lake snapshot {esc(snapshot)}; {len(rows)} runs</p>",
+            f"<table id=\"runs\"><tr>{head}</tr>"]
+    seen: set[str] = set()
+
+    def add(r: dict, depth: int) -> None:
+        if r["run_id"] in seen:  # a parent cycle a hand-edited lake may hold
+            return
+        seen.add(r["run_id"])
+        if is_train(r):
+            name = link(links.train(r["run_id"], spec), r["run_id"])
+        else:
+            name = link(links.run(r["run_id"], spec), r["run_id"]) if r["episodes"] else esc(r["run_id"])
         cells = [esc(r[k]) for k in ("kind", "status", "parent_run_id", "episodes", "success_rate", "envs",
                                      "policies", "started_at")]
-        body.append(f"<tr><td>{name}</td>" + "".join(f"<td>{c}</td>" for c in cells) + "</tr>")
+        cls = attrs(class_=f"child depth-{min(depth, 3)}") if depth else ""
+        mark = "&#8627; " if depth else ""
+        body.append(f"<tr{cls}{attrs(data_run=r['run_id'])}><td>{mark}{name}</td>"
+                    + "".join(f"<td>{c}</td>" for c in cells)
+                    + f"<td class=\"curve\">{_spark_cell(r['run_id'], sparks)}</td></tr>")
+        for c in children.get(r["run_id"], []):
+            add(c, depth + 1)
+
+    for kind in order:
+        body.append(f"<tr class=\"group\"><th colspan=\"10\">{esc(kind)} runs ({len(groups[kind])})</th></tr>")
+        for r in groups[kind]:
+            add(r, 0)
+    for r in rows:  # a run in a parent cycle has no top: listed last, as it is
+        if r["run_id"] not in seen:
+            add(r, 0)
     return page("trajlake runs", "".join(body) + "</table>")
 
 
@@ -87,14 +146,12 @@ def _parts_line(run_id: str, part: int, shown: int, total: int, links, spec: str
             + " ".join(n for n in nav if n) + "</p>")
 
 
-def run_page(run_id: str, rows: list[dict], *, total: int, part: int, links, spec: str | None, held_out: str,
-             spec_line: str) -> str:
-    """One part of a run's episodes (EPISODES_SQL's rows: at most RUN_PAGE_ROWS of `total`), with its
-    held-out summary and spec line (HTML already built) above the filters."""
+def episode_table(rows: list[dict], links, spec: str | None, depth: int) -> str:
+    """The filters and the table of episodes (EPISODES_SQL's columns; the page's script filters and sorts
+    them), each linked to its page."""
     envs = sorted({r["env"] for r in rows if r["env"]})
     # the script attaches the sort listeners to these links (no onclick=: the CSP forbids it)
     head = "".join(f"<th>{link('#', t, data_sort=k, data_num=int(num))}</th>" for t, k, num in RUN_COLUMNS)
-    depth = 1 if links.static else 0
     lines = []
     for r in rows:
         # each value escaped once, for its data-* attribute and its cell alike (what attrs and esc write)
@@ -111,9 +168,16 @@ def run_page(run_id: str, rows: list[dict], *, total: int, part: int, links, spe
                "value=\"\">all</option><option>true</option><option>false</option></select> reward from <input "
                "name=\"min_reward\"> to <input name=\"max_reward\"> "
                f"&nbsp;<span id=\"shown\">{len(rows)}</span> of {len(rows)} shown</form>")
+    return filters + f"<table id=\"episodes\"><thead><tr>{head}</tr></thead><tbody>{''.join(lines)}</tbody></table>"
+
+
+def run_page(run_id: str, rows: list[dict], *, total: int, part: int, links, spec: str | None, held_out: str,
+             spec_line: str) -> str:
+    """One part of a run's episodes (EPISODES_SQL's rows: at most RUN_PAGE_ROWS of `total`), with its
+    held-out summary and spec line (HTML already built) above the filters."""
+    depth = 1 if links.static else 0
     body = (f"<p>{link(links.index(depth), 'runs')}</p><h1>Run {esc(run_id)}</h1>" + held_out + spec_line
-            + _parts_line(run_id, part, len(rows), total, links, spec, depth) + filters
-            + f"<table id=\"episodes\"><thead><tr>{head}</tr></thead><tbody>{''.join(lines)}</tbody></table>")
+            + _parts_line(run_id, part, len(rows), total, links, spec, depth) + episode_table(rows, links, spec, depth))
     return page(f"run {run_id}", body)
 
 
@@ -204,5 +268,5 @@ def episode_page(episode_id: str, block: str, links, spec_line: str) -> str:
     return page(f"episode {episode_id}", f"<p>{link(links.index(depth), 'runs')}</p>" + spec_line + block)
 
 
-__all__ = ["RUN_PAGE_ROWS", "TokenText", "episode_block", "episode_page", "held_out_block", "rewards_from_spans",
-           "run_page", "runs_page", "shade"]
+__all__ = ["KIND_ORDER", "RUN_PAGE_ROWS", "TokenText", "episode_block", "episode_page", "episode_table",
+           "held_out_block", "rewards_from_spans", "run_page", "runs_page", "shade"]

@@ -1,7 +1,8 @@
 """The viewer's static export from bulk reads (evaluate/viewer_export.py) against the per-page path: over a small
-lake with several runs (one an eval run), groups and an episode without one, two specs (one spreading the reward
-over every agent token), a tokenizer (replies shown token by token) and hostile ids, every exported file is
-byte for byte the page `Pages` renders for it, and no other file is written. Long runs come in parts, served
+lake with several runs (one an eval run, one a train run with its steps, policies and that eval), groups and an
+episode without one, two specs (one spreading the reward over every agent token), a tokenizer (replies shown
+token by token) and hostile ids, every exported file (the train run's pages too) is byte for byte the page
+`Pages` renders for it, and no other file is written. Long runs come in parts, served
 and exported, with links between them; the export says how far it is on stderr, one line per step; and
 bench/viewer.py runs at a tiny size and writes its headline rows."""
 
@@ -19,10 +20,13 @@ from tests.viewer_helpers import EP, EP_ISSUE, EP_PERCENT, SPEC, TEXT, Tags, pay
 from trajlake.evaluate import viewer_export, viewer_pages, viewer_render
 from trajlake.evaluate.viewer import Viewer, export_site
 from trajlake.evaluate.viewer_pages import Links, Pages
-from trajlake.schemas.records import Episode, EpisodeReward, RewardSpecRow, Run, Task, Turn
+from trajlake.evaluate.viewer_train_data import train_ids
+from trajlake.schemas.records import Episode, EpisodeReward, Policy, RewardSpecRow, Run, Task, TrainStep, Turn
 from trajlake.store import Lake
 
 RUNS = ["collect-a", "../" + payload("run"), "eval-b"]
+#: a train run: collect-a is its iteration's run, eval-b the eval of its checkpoint `pol`
+TRAIN = "train/" + payload("train")
 IDS = [EP, EP_ISSUE, EP_PERCENT, "..", ".", "x" * 300, "\x01\n\t", "é/ü"] + [f"ep-{i:02d}" for i in range(10)]
 
 
@@ -46,7 +50,14 @@ def _lake(path: Path, tokenizer: Path) -> None:
     with Lake.open(str(path)) as lk:
         lk.append({"tasks": [Task(f"task-{k}", "doors", split="test", instruction=f"do {k}") for k in range(7)],
                    "runs": [Run(r, "eval" if r.startswith("eval") else "collect", config={"tokenizer": str(tokenizer)},
-                                status="finished", started_at=now) for r in RUNS],
+                                status="finished", started_at=now, parent_run_id=TRAIN if r == "collect-a" else None)
+                            for r in RUNS] + [Run(TRAIN, "train", config={"model": "m", "lr": 0.5, "iterations": 2},
+                                                  status="finished", started_at=now - timedelta(minutes=1))],
+                   "policies": [Policy("base"), Policy("pol", run_id=TRAIN, step=2, parent_policy_id="base")],
+                   "train_steps": [TrainStep(TRAIN, 1, None, 1, {"reward_mean": 0.1, "loss": 2.0}, "last",
+                                             (*IDS[:5], "gone")),
+                                   TrainStep(TRAIN, 2, "pol", 1, {"reward_mean": 0.4, "loss": None, payload("m"): 3},
+                                             "last", tuple(IDS[3:]))],
                    "reward_specs": [RewardSpecRow("last", "last", {"allocation": {"strategy": "last_token"}},
                                                   now - timedelta(hours=1)),
                                     RewardSpecRow(SPEC, "spread", {"allocation": {"strategy": "discounted",
@@ -82,6 +93,11 @@ def per_page_site(lake, spec: str | None) -> dict[Path, str]:
             out[Path("runs", Links.page_file(run_id, part))] = pages.run(run_id, part)
     for (eid,) in lake.query("SELECT episode_id FROM episodes").rows():
         out[Path("episodes", Links.page_file(eid))] = pages.episode(eid)
+    for run in train_ids(lake, snap):
+        out[Path("train", Links.page_file(run))] = pages.train(run)
+        out[Path("evals", Links.page_file(run))] = pages.evals(run)
+    for run, step in lake.query("SELECT run_id, step FROM train_steps WHERE episode_ids IS NOT NULL").rows():
+        out[Path("trained", Links.trained_file(run, step))] = pages.trained(run, step)
     return out
 
 
@@ -100,6 +116,10 @@ def test_the_export_writes_the_per_page_pages(lake, tmp_path, spec):
     some = got[Path("episodes", Links.page_file(IDS[4]))].decode()
     assert 'class="tok"' in some and "advantage" in some and 'id="held-out"' in got[
         Path("runs", Links.page_file("eval-b"))].decode()
+    train = got[Path("train", Links.page_file(TRAIN))].decode()  # its curves, its eval, its steps
+    assert '<svg class="chart"' in train and 'data-run="eval-b" data-role="own"' in train
+    trained = got[Path("trained", Links.trained_file(TRAIN, 1))].decode()
+    assert trained.count("<tr data-id=") == 5 and "1 no longer in the lake" in trained
 
 
 def test_long_runs_come_in_parts_served_and_exported(lake, tmp_path, small_parts):

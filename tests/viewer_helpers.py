@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from trajlake.schemas.records import Episode, EpisodeReward, Policy, RewardSpecRow, Run, Task, Turn
+from trajlake.schemas.records import Episode, EpisodeReward, Policy, RewardSpecRow, Run, Task, TrainStep, Turn
 from trajlake.store import Lake
 
 
@@ -115,3 +115,66 @@ def csp_refusals(browser) -> list[str]:
     """The console messages since the last call in which the browser refused something under the page's
     Content-Security-Policy (reading the log empties it)."""
     return [e["message"] for e in browser.get_log("browser") if "Content Security Policy" in e["message"]]
+
+
+# ---- train runs ---------------------------------------------------------------------------------------------
+def train_lake_uri(tmp_path_factory) -> str:
+    """A lake with real train runs, built once per session (about 15 s): 4 scripted-expert doors episodes
+    (`expert`), an SFT on them (`sft`: 2 steps, a row and a checkpoint each) and a GRPO run from its last
+    checkpoint (`grpo`: 2 iterations, collect runs `grpo/it-N` and held-out evals `grpo/eval-N` of 2 test tasks
+    before the first and after each)."""
+    from tests.helpers import expert_lake, small_cfg, tiny_model_dir, varied_spec
+    from trajlake.train.loop import train
+
+    path = tmp_path_factory.getbasetemp() / "train-lake"
+    done = path / ".built"
+    if not done.is_file():
+        shutil.rmtree(path, ignore_errors=True)
+        path.mkdir()
+        tiny = tiny_model_dir(tmp_path_factory)
+        ckpt = str(path / "ckpt")
+        with expert_lake(path / "lake", tiny) as lake:
+            train(small_cfg(tiny, algo="sft", run_id="sft", sft_steps=2, minibatch_size=4, log_every=1,
+                            checkpoint_every=1, sft_filter="run_id = 'expert'", checkpoint_dir=ckpt), lake)
+            train(small_cfg("run:sft", run_id="grpo", tasks=2, samples=2, iterations=2, eval_every=1, eval_tasks=2,
+                            minibatch_size=4, micro_batch=2, reward_spec=varied_spec(path), checkpoint_dir=ckpt), lake)
+        done.touch()
+    return str(path / "lake")
+
+
+#: the hostile train lake's ids: a train run, its start and its checkpoint, two eval runs, its iteration's run
+TRAIN_RUN = "../" + payload("train-run")
+START, CHECKPOINT = payload("start-policy"), payload("checkpoint-policy")
+EVAL_A, EVAL_B, ITERATION = payload("eval-a"), payload("eval-b"), TRAIN_RUN + "/it-1"
+METRIC, CONFIG_KEY, CONFIG_VALUE = payload("metric"), payload("config-key"), payload("config-value")
+TRAIN_TASKS = [payload("task-1"), payload("task-2")]
+SPLIT = payload("split")
+
+
+def build_hostile_train_lake(path: Path) -> None:
+    """A lake at `path` holding a train run whose every id and text is a payload: its config (a key and values),
+    a metric name, its policies, its iteration's collect run, and two eval runs (its start's and its
+    checkpoint's) on the same two tasks of a payload split and env, with different results."""
+    now = datetime.now(timezone.utc)
+    eps = [Episode(f"it-{k}", run_id=ITERATION, policy_id=START, task_id=TRAIN_TASKS[k], env=ENV, status="ok",
+                   success=k == 0, num_turns=1) for k in range(2)]
+    for run, policy, wins in ((EVAL_A, START, (True, False)), (EVAL_B, CHECKPOINT, (False, True))):
+        eps += [Episode(f"{run}-{k}", run_id=run, policy_id=policy, task_id=TRAIN_TASKS[k], env=ENV, status="ok",
+                        success=won, num_turns=1) for k, won in enumerate(wins)]
+    turns = [Turn(e.episode_id, 0, observation=payload("observation"), action_text="x") for e in eps]
+    steps = [TrainStep(TRAIN_RUN, s, CHECKPOINT if s == 2 else None, 1,
+                       {METRIC: s * 1.0, "reward_mean": 0.1 * s, "loss": 1.0 / s, "note": payload("metric-value")},
+                       SPEC, ("it-0", "it-1", "gone")) for s in (1, 2)]
+    with Lake.open(str(path)) as lk:
+        lk.append({"tasks": [Task(t, ENV, split=SPLIT, instruction=payload("instruction")) for t in TRAIN_TASKS],
+                   "runs": [Run(TRAIN_RUN, "train", config={CONFIG_KEY: CONFIG_VALUE, "lr": CONFIG_VALUE,
+                                                            "model": payload("model"), "algo": "grpo"},
+                                status=TEXT["status"], started_at=now, code_version=payload("code")),
+                            Run(ITERATION, "collect", status="finished", started_at=now, parent_run_id=TRAIN_RUN),
+                            Run(EVAL_A, "eval", status="finished", started_at=now),
+                            Run(EVAL_B, "eval", status="finished", started_at=now + timedelta(seconds=1))],
+                   "policies": [Policy(START), Policy(CHECKPOINT, run_id=TRAIN_RUN, step=2, parent_policy_id=START,
+                                                      checkpoint_uri=payload("checkpoint-uri"))],
+                   "reward_specs": [RewardSpecRow(SPEC, SPEC_NAME, {"allocation": {"strategy": "last_token"}}, now)],
+                   "episodes": eps, "turns": turns, "train_steps": steps},
+                  stage="train", run_id="hostile-train-fixture")
