@@ -74,11 +74,13 @@ test-all: setup
 
 # RL beating imitation on a multi-turn task (doors d3 from a noisy demonstrator: SFT to its plateau, then GRPO)
 # on the tiny model, about 4 minutes on 2 CPU cores; then the same recipe on SmolLM2-135M-Instruct.
+# TABLE_FORMAT=plain|markdown|csv: how its tables print (default: a table, as wide as its values in a log file).
+TABLE_FORMAT ?=
 demo: setup
-	$(PY) -m trajlake.recipes.demo --lake $(LAKE)
+	$(PY) -m trajlake.recipes.demo --lake $(LAKE) $(if $(TABLE_FORMAT),--format $(TABLE_FORMAT),)
 
 demo-smollm2: setup-smollm2
-	$(PY) -m trajlake.recipes.demo --lake $(LAKE) --model smollm2
+	$(PY) -m trajlake.recipes.demo --lake $(LAKE) --model smollm2 $(if $(TABLE_FORMAT),--format $(TABLE_FORMAT),)
 
 # OpenManus-RL's pipeline on AgentGym's real TextCraft server (started from ../shared/agentgym on a free port of
 # 127.0.0.1, or ENV_URL=http://... of a running one): import AgentGym's expert trajectories, SFT on them, GRPO

@@ -30,7 +30,7 @@ from pathlib import Path
 
 import polars as pl
 
-from trajlake.core.display import Format, console, emit
+from trajlake.core.display import console, show
 from trajlake.core.errors import TrajlakeError
 from trajlake.recipes.demo import CLI_INTS, DemoConfig, build_model, evaluate_policies, recipe
 from trajlake.recipes.entry import stop_cleanly_on_sigterm
@@ -91,7 +91,7 @@ def run(cfg: DemoConfig, seeds: int, model: Path | None = None, out: Path | None
                          "rl_s": round(t["grpo_s"]), "rl_s_per_iteration": round(t["grpo_s_per_iteration"], 1),
                          "seed_s": round(time.perf_counter() - t0)})
     table = pl.DataFrame(rows)
-    emit(table, Format.table, None)
+    show(table)
     level = f" d{cfg.difficulty}" if cfg.difficulty is not None else ""
     console.print(f"mean gain of RL over the SFT plateau: {table['gain'].mean():+.2f} over {table.height} seeds "
                   f"({cfg.env}{level}, demonstrations {cfg.expert}, {cfg.eval_tasks} test tasks, greedy; "

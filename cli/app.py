@@ -3,7 +3,8 @@
 This module holds the app, its global options and its error handling; the commands live one module per group
 (cli/collect.py, rewards.py, train.py, store.py, view.py, data.py, model.py), each registering its commands on
 the app through its `register(app)`, and the work itself in the stage packages. Errors print one readable line
-and exit non-zero; `--debug` shows the traceback instead.
+and exit non-zero; `--debug` shows the traceback instead (and the third-party chatter core/quiet.py silences).
+`--format` chooses how the tables every command prints show (core/display.py).
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from typer.core import TyperCommand, TyperGroup
 
 from trajlake.cli import collect, data, model, rewards, store, train, view
 from trajlake.cli.common import State, one_line
+from trajlake.core import display, quiet
 from trajlake.core.errors import TrajlakeError
 
 #: commands made when first asked for (or listed by --help), by name: `train`'s options come from TrainConfig,
@@ -63,10 +65,17 @@ def _global(
     lake: Optional[str] = typer.Option(
         None, "--lake", help="Lake URI: a folder, sqlite:FILE or postgres:CONNINFO (default: $TRAJLAKE_LAKE or ./lake)"
     ),
-    debug: bool = typer.Option(False, "--debug", help="Show tracebacks on errors."),
+    fmt: display.TableFormat = typer.Option(
+        "table", "--format", help="How tables print: table (a terminal's width; elsewhere, e.g. a log file, as wide "
+        "as its values), plain (columns aligned with spaces), markdown or csv."
+    ),
+    debug: bool = typer.Option(False, "--debug", help="Show tracebacks on errors, and the third-party warnings and "
+                               "messages trajlake silences."),
 ) -> None:
     State.lake_uri = lake
     State.debug = debug
+    display.set_table_format(fmt)
+    quiet.set_debug(debug)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -106,6 +115,9 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: internal error ({type(e).__name__}: {one_line(str(e))[:300]}); please report it, with "
               "the traceback --debug shows", file=sys.stderr)
         return 1
+    finally:  # --format and --debug hold for this command only (main may be called again in the process)
+        display.set_table_format(display.TableFormat.table)
+        quiet.set_debug(False)
     return 0
 
 

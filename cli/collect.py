@@ -112,7 +112,7 @@ def envs() -> None:
     rows = [{"name": r["name"], "difficulties": ",".join(map(str, r["difficulties"])),
              "splits": splits(r["split_ranges"], r["remote"]), "actions": r["actions"], "description": r["description"]}
             for r in env_info()]
-    display.emit(pl.DataFrame(rows), display.Format.table, None)
+    display.show(pl.DataFrame(rows))
 
 
 def serve_env(

@@ -35,10 +35,9 @@ def rewards(
     loaded = load_spec(spec) if spec else default_spec()
     with open_lake() as lake:
         display.console.print(str(score(lake, loaded, snapshot=snapshot, where=where)))
-        display.emit(lake.query(
+        display.show(lake.query(
             "SELECT count(*) AS episodes, round(avg(total), 4) AS mean_total, round(min(total), 4) AS min, "
-            "round(max(total), 4) AS max FROM episode_rewards WHERE spec_id = ?", [loaded.spec_id]),
-            display.Format.table, None)
+            "round(max(total), 4) AS max FROM episode_rewards WHERE spec_id = ?", [loaded.spec_id]))
 
 
 @rewards_app.command("diff")
@@ -59,7 +58,7 @@ def rewards_diff(
         summary, changes = diff(lake, a, b, snapshot=snapshot, where=where, top=top)
     display.console.print(f"A = {a.name} ({a.spec_id}), B = {b.name} ({b.spec_id})")
     display.emit_vertical(summary)
-    display.emit(changes, display.Format.table, None)
+    display.show(changes)
 
 
 def register(app: typer.Typer) -> None:

@@ -22,7 +22,8 @@ def sql(
     file: Optional[Path] = typer.Option(None, "--file", "-F", help="Read the SQL from this file (docs/queries/).",
                                         parser=path_arg, metavar=PATH),
     snapshot: Optional[int] = typer.Option(None, "--snapshot", "-s", help="Read the lake as of this snapshot."),
-    fmt: display.Format = typer.Option("table", "--format", "-f", help="Output format."),
+    fmt: Optional[display.Format] = typer.Option(
+        None, "--format", "-f", help="Output format (default: the global --format, a table)."),
     out: Optional[Path] = typer.Option(None, "--out", "-o", help="Write to this file instead of stdout.",
                                        parser=path_arg, metavar=PATH),
 ) -> None:
@@ -43,13 +44,13 @@ def sql(
             return
         if out is not None:
             check_output_path(lake.catalog, out, "sql --out")
-        display.emit(lake.query(query, snapshot=snapshot), fmt, out)
+        display.emit(lake.query(query, snapshot=snapshot), fmt or display.Format(display.table_format().value), out)
 
 
 def snapshots() -> None:
     """List the lake's snapshots: id, time, stage, message, run id."""
     with open_lake(read_only=True) as lake:
-        display.emit(lake.snapshots().drop("changes"), display.Format.table, None, max_rows=10_000)
+        display.show(lake.snapshots().drop("changes"), max_rows=10_000)
 
 
 def tables() -> None:
@@ -58,7 +59,7 @@ def tables() -> None:
 
     with open_lake(read_only=True) as lake:
         counts = " UNION ALL ".join(f"SELECT '{t}' AS table_name, count(*) AS rows FROM {t}" for t in TABLES)
-        display.emit(lake.query(counts), display.Format.table, None)
+        display.show(lake.query(counts))
 
 
 def maintain(

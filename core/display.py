@@ -1,9 +1,17 @@
-"""Showing query results to people: rich tables, CSV/JSON/parquet output, the SQL shell, durations."""
+"""Showing query results to people: rich tables, CSV/JSON/parquet output, the SQL shell, durations.
+
+A table for people (`show`) prints in the format chosen once for the process (`set_table_format`: trajlake's
+and the recipes' global `--format`): a rich table by default, which on a terminal fits the terminal and
+anywhere else (a log file, a pipe) is as wide as its values, never folded; `plain` (columns aligned with
+spaces), `markdown` (a pipe table) or `csv` (every row) instead. Off a terminal `console` wraps no line either:
+a long line stays one line, and a rule shows its whole title.
+"""
 
 from __future__ import annotations
 
 import decimal
 import enum
+import io
 import json
 import re
 import sys
@@ -11,49 +19,185 @@ from datetime import timedelta
 from pathlib import Path
 
 import polars as pl
+from rich.cells import cell_len
 from rich.console import Console
+from rich.measure import Measurement
 from rich.table import Table
 from rich.text import Text
 
 from trajlake.core.errors import TrajlakeError
 
-console = Console()
+
+class _Console(Console):
+    """rich's Console, except off a terminal (a log file, a pipe), where it wraps nothing: a printed line stays
+    one line however long (rich would wrap it at 80 columns there), and a rule keeps its whole title."""
+
+    def print(self, *objects, soft_wrap: bool | None = None, **kwargs) -> None:
+        if soft_wrap is None and not self.is_terminal:
+            soft_wrap = True
+        super().print(*objects, soft_wrap=soft_wrap, **kwargs)
+
+    def rule(self, title="", **kwargs) -> None:
+        if self.is_terminal:
+            super().rule(title, **kwargs)
+            return
+        text = Text.from_markup(title).plain if isinstance(title, str) else getattr(title, "plain", str(title))
+        if not text:
+            super().print("─" * self.width, markup=False, highlight=False)
+            return
+        left = max(2, (self.width - cell_len(text) - 2) // 2)
+        right = max(2, self.width - cell_len(text) - 2 - left)
+        super().print(f"{'─' * left} {text} {'─' * right}", markup=False, highlight=False, soft_wrap=True)
+
+
+console = _Console()
 MAX_ROWS = 50
 MAX_CELL = 60
 
 
 class Format(str, enum.Enum):
+    """An output format: `sql --format`'s (and `emit`'s)."""
+
     table = "table"
+    plain = "plain"
+    markdown = "markdown"
     csv = "csv"
     json = "json"
     parquet = "parquet"
 
 
-def _cell(v) -> Text:
+class TableFormat(str, enum.Enum):
+    """How the tables commands and recipes print for people show: the global `--format`."""
+
+    table = "table"
+    plain = "plain"
+    markdown = "markdown"
+    csv = "csv"
+
+
+_table_format = TableFormat.table
+
+
+def set_table_format(fmt: TableFormat | str) -> None:
+    """The format every later `show` prints in (a bad name: an error naming the valid ones)."""
+    global _table_format
+    try:
+        _table_format = TableFormat(fmt)
+    except ValueError:
+        raise TrajlakeError(f"unknown format {fmt!r}; valid: {', '.join(f.value for f in TableFormat)}") from None
+
+
+def table_format() -> TableFormat:
+    """The format `show` prints in (set_table_format's; table unless set)."""
+    return _table_format
+
+
+def _text(v) -> str:
     s = "NULL" if v is None else str(v)
+    return s if len(s) <= MAX_CELL else s[: MAX_CELL - 1] + "…"
+
+
+def _cell(v) -> Text:
     # plain Text, not markup: a value like "[A C]" or "click[buy now]" must show as it is stored
-    return Text(s if len(s) <= MAX_CELL else s[: MAX_CELL - 1] + "…")
+    return Text(_text(v))
 
 
 def _type_name(dtype: pl.DataType) -> str:
     return str(dtype).split("(")[0].lower()
 
 
+def _caption(df: pl.DataFrame, max_rows: int) -> str:
+    if df.height > max_rows:
+        return f"{df.height} rows, first {max_rows} shown (use --format csv or --out for all)"
+    return f"{df.height} row{'s' if df.height != 1 else ''}"
+
+
 def render_table(df: pl.DataFrame, max_rows: int = MAX_ROWS) -> Table:
+    """`df`'s first `max_rows` rows as a rich table (a column too wide for a terminal folds there; off a
+    terminal `print_table` gives it its full width)."""
     table = Table(show_header=True, header_style="bold")
     for name, dtype in df.schema.items():
         table.add_column(f"{name}\n[dim]{_type_name(dtype)}[/dim]", overflow="fold")
     for row in df.head(max_rows).iter_rows():
         table.add_row(*(_cell(v) for v in row))
-    if df.height > max_rows:
-        table.caption = f"{df.height} rows, first {max_rows} shown (use --format csv or --out for all)"
-    else:
-        table.caption = f"{df.height} row{'s' if df.height != 1 else ''}"
+    table.caption = _caption(df, max_rows)
     return table
 
 
+def _natural_width(renderable) -> int:
+    """How wide `renderable` is when nothing limits it."""
+    measure = Console(file=io.StringIO(), width=1_000_000)
+    return Measurement.get(measure, measure.options, renderable).maximum
+
+
+def print_table(table: Table, target: Console | None = None) -> None:
+    """`table` on `target` (default: `console`): on a terminal, fitted to it; anywhere else at its full width,
+    no value folded or cut, whatever width the output claims (80 columns for a file), with a caption wider
+    than the table on a line of its own."""
+    target = target or console
+    if target.is_terminal:
+        target.print(table)
+        return
+    caption, width = table.caption, _natural_width(table)
+    if isinstance(caption, str) and cell_len(caption) > width:
+        table.caption = None
+        width = _natural_width(table)
+    out = Console(file=target.file, width=width, color_system=target.color_system, force_terminal=False,
+                  highlight=False)
+    out.print(table)
+    if table.caption is None and caption:
+        target.print(caption, markup=False, highlight=False, soft_wrap=True)
+    table.caption = caption
+
+
+def _flat(v) -> str:
+    """A cell of a plain or markdown table: one line (line breaks and tabs shown as \\n, \\r, \\t), cut at
+    MAX_CELL."""
+    return _text(v).replace("\n", "\\n").replace("\r", "\\r").replace("\t", "\\t")
+
+
+def plain_text(df: pl.DataFrame, max_rows: int = MAX_ROWS, *, caption: bool = True) -> str:
+    """`df`'s first `max_rows` rows as columns aligned with spaces under a header line, then the row count."""
+    rows = [list(df.columns)] + [[_flat(v) for v in row] for row in df.head(max_rows).iter_rows()]
+    widths = [max(cell_len(r[i]) for r in rows) for i in range(df.width)]
+    lines = ["  ".join(c + " " * (w - cell_len(c)) for c, w in zip(r, widths, strict=True)).rstrip() for r in rows]
+    return "\n".join(lines + ([_caption(df, max_rows)] if caption else [])) + "\n"
+
+
+def markdown_text(df: pl.DataFrame, max_rows: int = MAX_ROWS, *, caption: bool = True) -> str:
+    """`df`'s first `max_rows` rows as a markdown (GFM) pipe table, then the row count after a blank line."""
+    def esc(c: str) -> str:
+        return c.replace("|", "\\|")
+
+    rows = [[esc(c) for c in df.columns]] + [[esc(_flat(v)) for v in row] for row in df.head(max_rows).iter_rows()]
+    widths = [max(3, *(cell_len(r[i]) for r in rows)) for i in range(df.width)]
+
+    def line(r: list[str]) -> str:
+        return "| " + " | ".join(c + " " * (w - cell_len(c)) for c, w in zip(r, widths, strict=True)) + " |"
+
+    lines = [line(rows[0]), "| " + " | ".join("-" * w for w in widths) + " |", *(line(r) for r in rows[1:])]
+    return "\n".join(lines + (["", _caption(df, max_rows)] if caption else [])) + "\n"
+
+
+def show(df: pl.DataFrame, max_rows: int = MAX_ROWS) -> None:
+    """`df` printed for people, on stdout, in the format chosen for the process (`set_table_format`)."""
+    emit(df, Format(_table_format.value), None, max_rows=max_rows)
+
+
+def _write(out: Path, text: str | None = None, table: Table | None = None) -> None:
+    try:
+        with open(out, "w") as f:
+            if table is not None:
+                print_table(table, Console(file=f))
+            else:
+                f.write(text)
+    except OSError as e:  # the file named, and why, in one line (not errno's "[Errno 2] ...")
+        raise TrajlakeError(f"cannot write {out}: {e.strerror or e}") from None
+
+
 def emit(df: pl.DataFrame, fmt: Format, out: Path | None, max_rows: int = MAX_ROWS) -> None:
-    """Write `df` in `fmt` to `out` (a file) or stdout."""
+    """Write `df` in `fmt` to `out` (a file: every row) or stdout (table, plain, markdown: the first
+    `max_rows` rows)."""
     fmt = Format(fmt)
     if fmt is Format.parquet:
         if out is None:
@@ -67,13 +211,16 @@ def emit(df: pl.DataFrame, fmt: Format, out: Path | None, max_rows: int = MAX_RO
         return
     if fmt is Format.table:
         if out is not None:
-            try:
-                with open(out, "w") as f:
-                    Console(file=f, width=200).print(render_table(df, max_rows=df.height))
-            except OSError as e:  # the file named, and why, in one line (not errno's "[Errno 2] ...")
-                raise TrajlakeError(f"cannot write {out}: {e.strerror}") from None
+            _write(out, table=render_table(df, max_rows=df.height))
         else:
-            console.print(render_table(df, max_rows))
+            print_table(render_table(df, max_rows))
+        return
+    if fmt in (Format.plain, Format.markdown):
+        render = plain_text if fmt is Format.plain else markdown_text
+        if out is not None:
+            _write(out, render(df, df.height))
+        else:
+            _stdout(render(df, max_rows))
         return
     # LIST, STRUCT and MAP columns are JSON in both formats: a JSON text cell in CSV, nested JSON in JSON (a MAP,
     # which reaches polars as a list of key/value structs, as an object)
@@ -93,7 +240,12 @@ def emit(df: pl.DataFrame, fmt: Format, out: Path | None, max_rows: int = MAX_RO
         except OSError as e:
             raise TrajlakeError(f"cannot write {out}: {e.strerror}") from None
     else:
-        sys.stdout.write(text if text.endswith("\n") else text + "\n")
+        _stdout(text if text.endswith("\n") else text + "\n")
+
+
+def _stdout(text: str) -> None:
+    sys.stdout.write(text)
+    sys.stdout.flush()
 
 
 def _plain(v):
@@ -118,15 +270,14 @@ def _json_text(v) -> str | None:
 def emit_vertical(df: pl.DataFrame, key: str | None = None) -> None:
     """Print a few wide rows as one row per column (metric | value...), which fits a terminal."""
     if df.height == 0:
-        emit(df, Format.table, None)
+        show(df)
         return
     if key:
         names = [str(v) for v in df[key].to_list()]
     else:
         names = ["value"] if df.height == 1 else [f"value{i}" for i in range(df.height)]
     body = df.drop(key) if key else df
-    emit(body.cast(pl.String).transpose(include_header=True, header_name="metric", column_names=names),
-         Format.table, None)
+    show(body.cast(pl.String).transpose(include_header=True, header_name="metric", column_names=names))
 
 
 def shell(lake, snapshot: int | None = None) -> None:
@@ -155,8 +306,7 @@ def shell(lake, snapshot: int | None = None) -> None:
                 snapshot = int(arg[0]) if arg else None
                 console.print(f"reading snapshot {snapshot if snapshot is not None else 'latest'}")
             elif cmd == ".tables":
-                emit(lake.query("SELECT table_name FROM duckdb_tables() WHERE database_name = 'lake'"),
-                     Format.table, None)
+                show(lake.query("SELECT table_name FROM duckdb_tables() WHERE database_name = 'lake'"))
             else:
                 console.print(".tables | .snapshot [N] | .quit")
             continue
@@ -165,11 +315,11 @@ def shell(lake, snapshot: int | None = None) -> None:
             statement = "\n".join(buffer)
             buffer.clear()
             try:
-                emit(lake.query(statement, snapshot=snapshot), Format.table, None)
+                show(lake.query(statement, snapshot=snapshot))
             except TrajlakeError as e:
                 console.print(f"[red]error:[/red] {e}")
     if buffer and "".join(buffer).strip():
-        emit(lake.query("\n".join(buffer), snapshot=snapshot), Format.table, None)
+        show(lake.query("\n".join(buffer), snapshot=snapshot))
 
 
 _UNITS = {"s": "seconds", "m": "minutes", "h": "hours", "d": "days", "w": "weeks"}

@@ -5,6 +5,8 @@ rows) both use these."""
 
 from __future__ import annotations
 
+import functools
+import inspect
 from collections.abc import Sequence
 
 import torch
@@ -58,3 +60,30 @@ def cache_unsupported(model) -> str | None:
     if not types and getattr(config, "sliding_window", None) and getattr(config, "use_sliding_window", True):
         return "sliding-window attention"
     return None
+
+
+@functools.cache
+def _cache_name(model_class: type) -> str:
+    """The keyword `model_class.forward` takes its KV cache by: `cache` in transformers >= 5.2x, which still
+    accepts the old `past_key_values` but warns on every call (FutureWarning), `past_key_values` before."""
+    try:
+        params = inspect.signature(model_class.forward).parameters
+    except (TypeError, ValueError):  # no signature to read: the old name, which every version accepts
+        return "past_key_values"
+    return "cache" if "cache" in params else "past_key_values"
+
+
+def cache_kwargs(model, cache) -> dict:
+    """`{name: cache}` for a forward call of `model` (a DeepSpeed engine's or torch.compile's wrapper
+    included), under the name its transformers version takes the KV cache by (see `_cache_name`)."""
+    module = getattr(model, "module", model)
+    module = getattr(module, "_orig_mod", module)
+    return {_cache_name(type(module)): cache}
+
+
+def returned_cache(output):
+    """The KV cache a forward pass returned: `output.cache` in transformers >= 5.2x (where reading
+    `output.past_key_values` logs a deprecation each time), `output.past_key_values` before."""
+    if "cache" in getattr(type(output), "__dataclass_fields__", {}):
+        return output.cache
+    return output.past_key_values

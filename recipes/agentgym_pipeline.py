@@ -24,10 +24,10 @@ import time
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from trajlake.core.display import Format, console, emit
+from trajlake.core.display import console, show
 from trajlake.core.errors import TrajlakeError
 from trajlake.core.paths import shared_dir
-from trajlake.recipes.entry import add_overrides, recipe_parser, run_recipe
+from trajlake.recipes.entry import add_overrides, recipe_args, recipe_parser, run_recipe
 from trajlake.store import Lake
 
 DEFAULT_DATA = shared_dir() / "data" / "agentgym" / "textcraft" / "train.parquet"
@@ -181,9 +181,9 @@ def run(cfg: PipelineConfig) -> None:
         console.rule("7. results (read back from the store)")
         console.print(f"held-out greedy success on AgentGym TextCraft (test split: data indices 0..{cfg.eval_tasks - 1}"
                       f", {cfg.max_turns} turns), 95% Wilson intervals")
-        emit(table, Format.table, None)
+        show(table)
         console.print("GRPO curve (sampled rollouts of each iteration on the train split, from train_steps):")
-        emit(lake.query(CURVE_SQL, [grpo.run_id]), Format.table, None)
+        show(lake.query(CURVE_SQL, [grpo.run_id]))
     console.print(f"lake: {cfg.lake}; pipeline finished in {time.perf_counter() - t0:.0f} s")
 
 
@@ -195,7 +195,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--env-url", default=None, help="a running TextCraft server (default: start the real one)")
     add_overrides(parser, ("sft_steps", "iterations", "tasks", "samples", "micro_batch", "max_turns", "eval_tasks"))
     parser.add_argument("--prefix", default=None, help="run id prefix (default agentgym)")
-    args = vars(parser.parse_args(argv))
+    args = recipe_args(parser, argv)
     chosen = {k: v for k, v in args.items() if v is not None}
     return run_recipe(run, lambda: PipelineConfig(**{**PRESETS[args["model"]], **chosen}))
 

@@ -28,10 +28,10 @@ from pathlib import Path
 
 import polars as pl
 
-from trajlake.core.display import Format, console, emit
+from trajlake.core.display import console, show
 from trajlake.core.errors import TrajlakeError
 from trajlake.core.paths import shared_dir
-from trajlake.recipes.entry import add_overrides, recipe_parser, run_recipe
+from trajlake.recipes.entry import add_overrides, recipe_args, recipe_parser, run_recipe
 from trajlake.store import Lake
 
 DEFAULT_DATA = shared_dir() / "data" / "agentgym"
@@ -190,15 +190,14 @@ def build_model(models: Path, model: str) -> Path:
 
 def import_seed_data(lake: Lake, data: Path | None, model: Path) -> None:
     from trajlake.interop.importers.agentgym import import_agentgym
+    from trajlake.store.reads import imported_summary
 
     files = sorted(data.glob("*/*.parquet")) if data and data.is_dir() else []
     if not files:
         console.print(f"no AgentGym files under {data}: skipping the import (pass --data DIR)")
         return
     console.print(str(import_agentgym(lake, files, model)))
-    emit(lake.query("SELECT env, count(*) AS episodes, round(avg(num_turns), 1) AS mean_turns, "
-                    "round(avg(success::INT), 3) AS success_rate FROM episodes WHERE run_id LIKE 'import%' "
-                    "GROUP BY env ORDER BY env"), Format.table, None)
+    show(imported_summary(lake))  # their success_rate: n/a, AgentGym's files carry no success flag
 
 
 def collect_demonstrations(cfg: DemoConfig, lake: Lake, model: Path) -> tuple[str, float]:
@@ -281,7 +280,7 @@ def recipe(cfg: DemoConfig, lake: Lake, model: Path) -> RecipeResult:
     seconds["sft_s"], t = time.perf_counter() - t, time.perf_counter()
     sft_policy = f"policy:{cfg.prefix}-sft/step-{plateau}"
     if cfg.progress:
-        emit(pl.DataFrame({"sft_step": list(val), "val_success": list(val.values())}), Format.table, None)
+        show(pl.DataFrame({"sft_step": list(val), "val_success": list(val.values())}))
         console.print(f"SFT plateau: step {plateau} (the best on val)")
     log(f"6. GRPO from the SFT plateau: {cfg.iterations} iterations of collect -> score -> update -> checkpoint")
     grpo = train_stage(cfg, lake, "grpo-doors-noisy.toml", run_id=f"{cfg.prefix}-grpo", model=sft_policy,
@@ -337,9 +336,9 @@ def run(cfg: DemoConfig) -> None:
         console.print(f"held-out greedy success on {cfg.env} (test split, difficulty {cfg.difficulty}, "
                       f"{cfg.eval_tasks} tasks), 95% Wilson intervals; demonstrations: {cfg.expert}, "
                       f"success {result.expert_success:.2f}")
-        emit(results_table(summary, result.policies), Format.table, None)
+        show(results_table(summary, result.policies))
         console.print("GRPO learning curve (sampled rollouts of each iteration, from train_steps):")
-        emit(lake.query(CURVE_SQL, [result.grpo_run, max(1, cfg.iterations // 5)]), Format.table, None)
+        show(lake.query(CURVE_SQL, [result.grpo_run, max(1, cfg.iterations // 5)]))
         index = build_report(lake, cfg.report)
     console.print(f"report: {index}")
     console.print(f"the GRPO run's curves: tensorboard --logdir {cfg.checkpoints}/{cfg.prefix}-grpo/tensorboard; "
@@ -364,7 +363,7 @@ def main(argv: list[str] | None = None) -> int:
     add_overrides(parser, ["expert_noise"], float)
     parser.add_argument("--report", type=Path, default=None, help="report folder (default reports/demo)")
     parser.add_argument("--prefix", default=None, help="run id prefix (default demo)")
-    args = vars(parser.parse_args(argv))
+    args = recipe_args(parser, argv)
     chosen = {k: v for k, v in args.items() if v is not None}
     return run_recipe(run, lambda: DemoConfig(**{**PRESETS[args["model"]], **chosen}))
 

@@ -27,9 +27,10 @@ from pathlib import Path
 
 import polars as pl
 
-from trajlake.core.display import Format, console, emit, emit_vertical
+from trajlake.core.display import console, emit_vertical
+from trajlake.core.display import show as show_table
 from trajlake.core.errors import TrajlakeError
-from trajlake.recipes.entry import add_overrides, recipe_parser, run_recipe
+from trajlake.recipes.entry import add_overrides, recipe_args, recipe_parser, run_recipe
 from trajlake.rewards import SPECS_DIR
 from trajlake.store import Lake
 
@@ -127,7 +128,7 @@ def workflow(cfg: RescoreConfig, lake: Lake, model: Path, seed: int) -> dict[str
     summary, changes = diff(lake, old, new, where=where, top=3)
     if cfg.progress:
         emit_vertical(summary)
-        emit(changes.select("episode_id", "success", "total_a", "total_b", "delta"), Format.table, None)
+        show_table(changes.select("episode_id", "success", "total_a", "total_b", "delta"))
     log(f"seed {seed} - 4. GRPO on the same rollouts, playing nothing: {', '.join(RETRAINS)}")
     stages = {"SFT (played the rollouts)": f"policy:{sft.policy_id}"}
     for i, (name, (spec, overrides)) in enumerate(RETRAINS.items()):
@@ -163,17 +164,17 @@ def show(results: pl.DataFrame) -> None:
         .alias("success"), pl.col("reply_tokens").round(1), pl.col("long_replies").round(3),
         pl.col("concise_reward").round(3),
     ).drop("success_low", "success_high")
-    emit(table, Format.table, None)
+    show_table(table)
     if results["seed"].n_unique() > 1:
         console.print(f"over {results['seed'].n_unique()} seeds (mean, and min to max):")
-        emit(results.group_by("stage", maintain_order=True).agg(
+        show_table(results.group_by("stage", maintain_order=True).agg(
             success=pl.format("{} ({} to {})", pl.col("success").mean().round(3), pl.col("success").min().round(2),
                               pl.col("success").max().round(2)),
             reply_tokens=pl.format("{} ({} to {})", pl.col("reply_tokens").mean().round(1),
                                    pl.col("reply_tokens").min().round(1), pl.col("reply_tokens").max().round(1)),
             long_replies=pl.format("{} ({} to {})", pl.col("long_replies").mean().round(3),
                                    pl.col("long_replies").min().round(2), pl.col("long_replies").max().round(2)),
-            concise_reward=pl.col("concise_reward").mean().round(3)), Format.table, None)
+            concise_reward=pl.col("concise_reward").mean().round(3)))
 
 
 def run(cfg: RescoreConfig) -> pl.DataFrame:
@@ -203,7 +204,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seeds", type=int, nargs="+", default=[0], help="one workflow per seed (default 0)")
     add_overrides(parser, ("demos", "sft_steps", "rollout_tasks", "iterations", "eval_tasks"))
     parser.add_argument("--prefix", default=None, help="run id prefix (default rescore)")
-    args = vars(parser.parse_args(argv))
+    args = recipe_args(parser, argv)
     args["seeds"] = tuple(args["seeds"])
     return run_recipe(run, lambda: RescoreConfig(**{k: v for k, v in args.items() if v is not None}))
 

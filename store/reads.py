@@ -201,6 +201,29 @@ def collect_summary(lake: Lake, run_id: str) -> pl.DataFrame:
     return lake.query(COLLECT_SUMMARY_SQL, [run_id])
 
 
+#: the success rate of imported episodes none of which carries a success flag (AgentGym's trajectory files have
+#: none): not a number, and never counted as failures
+NO_OUTCOME = "n/a: imported without outcome"
+
+IMPORTED_SUMMARY_SQL = f"""
+SELECT e.env, count(*) AS episodes, round(avg(e.num_turns), 1) AS mean_turns,
+       CASE WHEN count(e.success) = 0 THEN '{NO_OUTCOME}'
+            WHEN count(e.success) < count(*) THEN format('{{}} ({{}} of {{}} with an outcome)',
+                 round(avg(e.success::INT), 3), count(e.success), count(*))
+            ELSE round(avg(e.success::INT), 3)::VARCHAR END AS success_rate
+FROM episodes e JOIN runs r USING (run_id) WHERE r.kind = 'import'
+GROUP BY e.env ORDER BY e.env
+"""
+
+
+def imported_summary(lake: Lake) -> pl.DataFrame:
+    """The lake's imported episodes (runs of kind `import`), one row per env (in env order).
+
+    Columns: env; episodes; mean_turns (rounded); success_rate, as text: the rate over the episodes that carry
+    a success flag (rounded; `(K of N with an outcome)` when only K of them do), NO_OUTCOME when none does."""
+    return lake.query(IMPORTED_SUMMARY_SQL)
+
+
 # ---- evaluations -------------------------------------------------------------------------------------------
 
 CONTAMINATION_SQL = ("SELECT * FROM eval_contamination WHERE eval_run IN (SELECT unnest(?::VARCHAR[])) "
@@ -246,7 +269,7 @@ def latest_spec(lake: Lake, *, snapshot: int | None = None) -> str | None:
     return rows.item() if rows.height else None
 
 
-__all__ = ["EpisodeFilterError", "PolicySource", "RunErrors", "check_episode_filter", "collect_summary",
-           "count_episodes", "episode_rewards",
+__all__ = ["NO_OUTCOME", "EpisodeFilterError", "PolicySource", "RunErrors", "check_episode_filter", "collect_summary",
+           "count_episodes", "episode_rewards", "imported_summary",
            "eval_contamination", "latest_spec", "policy_source", "reward_spec_names", "run_errors",
            "stored_episode_ids", "training_turns"]

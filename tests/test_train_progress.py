@@ -9,7 +9,8 @@ def test_train_progress_prints_a_line_per_update_off_a_terminal(capsys):
 
     from trajlake.train.progress import TrainProgress
 
-    with TrainProgress(5, enabled=True, run_id="r1", every=2, console=Console(file=None, force_terminal=False)) as bar:
+    off_a_terminal = Console(stderr=True, force_terminal=False)
+    with TrainProgress(5, enabled=True, run_id="r1", every=2, console=off_a_terminal) as bar:
         for step in range(1, 6):
             bar.update(step, {"loss": 0.5 / step, "reward_mean": 0.1 * step})
     lines = [line for line in capsys.readouterr().err.splitlines() if line.startswith("train r1 ")]

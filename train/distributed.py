@@ -17,6 +17,8 @@ from typing import Any
 
 import torch
 
+from trajlake.core.quiet import DEEPSPEED_BUILT, dropping_lines
+
 
 def _accelerator():
     """DeepSpeed's accelerator (CPU or CUDA here). DeepSpeed picks it once, on first use, from DS_ACCELERATOR,
@@ -43,16 +45,20 @@ def init_distributed() -> tuple[int, int]:
         backend = _accelerator().communication_backend_name()
         import deepspeed  # after _accelerator(): importing deepspeed makes it pick its accelerator
 
+        def start() -> None:  # DeepSpeed prints a line to stdout when it builds its shared-memory op: dropped
+            with dropping_lines(DEEPSPEED_BUILT):
+                deepspeed.init_distributed(dist_backend=backend, verbose=False)
+
         if "RANK" not in os.environ:  # not started by a launcher: a group of one on a free localhost port
             rendezvous = dict(RANK="0", WORLD_SIZE="1", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(_free_port()))
             os.environ.update(LOCAL_RANK="0", LOCAL_SIZE="1", **rendezvous)
             try:
-                deepspeed.init_distributed(dist_backend=backend, verbose=False)
+                start()
             finally:  # so that processes this one starts (e.g. a trainer in a test) do not join this group
                 for k in rendezvous:
                     os.environ.pop(k, None)
         else:
-            deepspeed.init_distributed(dist_backend=backend, verbose=False)
+            start()
     return dist.get_rank(), dist.get_world_size()
 
 

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from trajlake.lm.prefix import MIN_SHARED_PREFIX, cache_unsupported, common_prefix
+from trajlake.lm.prefix import MIN_SHARED_PREFIX, cache_kwargs, cache_unsupported, common_prefix, returned_cache
 from trajlake.train.algos import entropy_from_logits, entropy_metric, log_probs_and_logsumexp
 from trajlake.train.distributed import device
 from trajlake.train.packing import Packed, pack_rows, packed_cost, packed_mask, padded_cost, pass_costs
@@ -98,8 +98,9 @@ def prefix_context(model, ids: torch.Tensor) -> Context:
     model = getattr(model, "module", model)
     ids = ids.to(device())
     out = model(input_ids=ids, attention_mask=torch.ones_like(ids), use_cache=True, logits_to_keep=1)
-    keys = [layer.keys for layer in out.past_key_values.layers]
-    values = [layer.values for layer in out.past_key_values.layers]
+    cache = returned_cache(out)
+    keys = [layer.keys for layer in cache.layers]
+    values = [layer.values for layer in cache.layers]
     if not torch.is_grad_enabled():
         return Context(ids.shape[1], keys, values)
     return Context(ids.shape[1], [k.detach().requires_grad_() for k in keys],
@@ -130,12 +131,12 @@ def _prefix_forward(model, ids: torch.Tensor, attn: torch.Tensor, prefix: int, k
             cache.update(k, v, i)
         done = context.length
     if prefix > done:
-        model(input_ids=ids[:1, done:prefix], attention_mask=attn[:1, :prefix], past_key_values=cache,
+        model(input_ids=ids[:1, done:prefix], attention_mask=attn[:1, :prefix], **cache_kwargs(model, cache),
               use_cache=True, logits_to_keep=1)
     for layer in cache.layers:  # a view per row: the gradients of the rows add up in the prefix pass
         layer.keys = layer.keys.expand(ids.shape[0], -1, -1, -1)
         layer.values = layer.values.expand(ids.shape[0], -1, -1, -1)
-    return model(input_ids=ids[:, prefix:], attention_mask=attn, past_key_values=cache, use_cache=True,
+    return model(input_ids=ids[:, prefix:], attention_mask=attn, **cache_kwargs(model, cache), use_cache=True,
                  logits_to_keep=keep).logits
 
 
@@ -178,7 +179,7 @@ def _packed_logits(model, ids: torch.Tensor, attn: torch.Tensor, start: int, pre
             cache.update(k, v, i)
     mask = packed_mask(packed.segments, held, module.dtype).to(dev)
     out = model(input_ids=packed.ids.to(dev), attention_mask=mask, position_ids=packed.positions.to(dev),
-                past_key_values=cache, use_cache=cache is not None, logits_to_keep=packed.scored.to(dev))
+                **cache_kwargs(model, cache), use_cache=cache is not None, logits_to_keep=packed.scored.to(dev))
     return out.logits[0], packed
 
 

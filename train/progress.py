@@ -1,16 +1,16 @@
 """The train progress bar: iterations (or SFT steps) done and the main metrics of the last one.
 
 On a terminal it is a live bar; anywhere else (a log file, CI, `nohup`) a bar is drawn only once, at the end,
-so there it prints one plain line per update instead (every `every` updates, and the last), to stderr.
+so there it prints one plain line per update instead (every `every` steps, and the last), to stderr
+(core/progress.py).
 """
 
 from __future__ import annotations
 
-import sys
-import time
-
 from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.markup import escape
+
+from trajlake.core.progress import StepProgress
 
 #: metric -> label, in the order shown
 SHOWN = {"reward_mean": "reward", "success_mean": "success", "signal_rows": "signal", "eval_success": "eval",
@@ -60,32 +60,21 @@ def _fmt(v: float) -> str:
 class TrainProgress:
     def __init__(self, total: int, *, enabled: bool, run_id: str, done: int = 0, every: int = 1,
                  console: Console | None = None):
-        console = console or Console(stderr=True)
-        self.lines = enabled and not console.is_terminal  # plain lines where a live bar cannot be seen
-        self.total, self.run_id, self.every, self.t0 = total, run_id, max(1, every), time.perf_counter()
-        self.progress = Progress(
-            TextColumn("[bold]train[/bold] {task.description}"), BarColumn(), MofNCompleteColumn(),
-            TextColumn("{task.fields[stats]}"), TimeElapsedColumn(), disable=not enabled or self.lines,
-            transient=False, console=console,
-        )
-        self.task = self.progress.add_task(run_id, total=total, completed=done, stats="")
+        self.run_id = run_id
+        self.bar = StepProgress("train", run_id, total, enabled=enabled, done=done, every=every, console=console)
 
     def __enter__(self):
-        self.progress.__enter__()
+        self.bar.__enter__()
         return self
 
     def __exit__(self, *exc):
-        self.progress.__exit__(*exc)
+        self.bar.__exit__(*exc)
 
     def warn(self, message: str) -> None:
         """A warning line, shown however the progress is (bar or lines)."""
-        self.progress.console.print(f"[yellow]warning:[/yellow] train {self.run_id}: {message}", markup=True,
-                                    highlight=False)
+        self.bar.print(f"[yellow]warning:[/yellow] train {escape(self.run_id)}: {escape(message)}")
 
     def update(self, completed: int, metrics: dict) -> None:
         stats = "  ".join(f"{label} {_fmt(metrics[k])}" for k, label in SHOWN.items()
                           if isinstance(metrics.get(k), (int, float)))
-        self.progress.update(self.task, completed=completed, stats=stats)
-        if self.lines and (completed % self.every == 0 or completed == self.total):
-            print(f"train {self.run_id} {completed}/{self.total}  {stats}  {time.perf_counter() - self.t0:.0f}s",
-                  file=sys.stderr, flush=True)
+        self.bar.update(completed, stats=escape(stats))

@@ -44,7 +44,7 @@ from trajlake.collect.policies.base import Generation, Policy, Request, Sampling
 from trajlake.collect.policies.kv_slots import KVStore, make_cache_classes
 from trajlake.core.errors import TrajlakeError
 from trajlake.lm.load import load_model, load_tokenizer
-from trajlake.lm.prefix import MIN_SHARED_PREFIX, cache_unsupported, common_prefix
+from trajlake.lm.prefix import MIN_SHARED_PREFIX, cache_kwargs, cache_unsupported, common_prefix
 
 #: default bound of the memory kept for cached episodes that are not being answered (the rows of a batch
 #: always fit, whatever this says)
@@ -180,8 +180,8 @@ class HFPolicy(Policy):
             from transformers import DynamicCache
 
             probe = DynamicCache(config=self.model.config)
-            self.model(input_ids=torch.tensor([[self.pad_id]], device=self.device), past_key_values=probe,
-                       use_cache=True)
+            self.model(input_ids=torch.tensor([[self.pad_id]], device=self.device),
+                       **cache_kwargs(self.model, probe), use_cache=True)
             shapes = {(tuple(lay.keys.shape), tuple(lay.values.shape), lay.keys.dtype) for lay in probe.layers}
             (kshape, vshape, dtype), = shapes if len(shapes) == 1 else ((None, None, None),)
             if kshape is None or kshape != vshape or len(kshape) != 4 or kshape[2] != 1:
@@ -203,7 +203,7 @@ class HFPolicy(Policy):
         largest column + 1); the last input's logits (B, V)."""
         cache.cols, cache.span = cols, span
         out = self.model(input_ids=ids, attention_mask=self._mask(cols, span), position_ids=cols,
-                         past_key_values=cache, use_cache=True, logits_to_keep=1)
+                         **cache_kwargs(self.model, cache), use_cache=True, logits_to_keep=1)
         return out.logits[:, -1, :]
 
     def _generate_cached(self, requests: list[Request], params: SamplingParams) -> list[Generation]:

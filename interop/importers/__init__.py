@@ -219,13 +219,12 @@ def stored_episode_ids(lake: Any, ids: list[str]) -> set[str]:
     return set(found["episode_id"].to_list())
 
 
-def progress_bar(enabled: bool):
-    """A rich progress bar to use as a context manager (disabled: a silent one with the same API)."""
-    from rich.console import Console
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+def progress_bar(what: str, total: int, enabled: bool):
+    """An import stage's progress on stderr, as a context manager (core/progress.py: a live bar on a terminal,
+    elsewhere a plain line every 10 seconds and the last; disabled: silent)."""
+    from trajlake.core.progress import StepProgress
 
-    return Progress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
-                    TimeElapsedColumn(), disable=not enabled, console=Console(stderr=True))
+    return StepProgress("import", what, total, enabled=enabled, interval=10.0)
 
 
 def kind_name(v: Any) -> str:

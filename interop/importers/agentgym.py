@@ -146,12 +146,11 @@ def import_agentgym(
     inserted = dict.fromkeys(("runs", "policies", "tasks", "episodes", "turns"), 0)
     skipped = {**inserted, "episodes": len(old), "turns": sum(len(e["turns"]) for e in old)}
     snapshots: list[int] = []
-    with progress_bar(progress) as bar:
-        tokenizing = bar.add_task("tokenizing", total=len(new))
+    with progress_bar("tokenizing", len(new), progress) as bar:
         for start in range(0, len(new), _TOKENIZE_BATCH):  # template errors surface here, still unwritten
             _tokenize(renderer, new[start:start + _TOKENIZE_BATCH])
-            bar.advance(tokenizing, len(new[start:start + _TOKENIZE_BATCH]))
-        writing = bar.add_task("writing", total=len(new))
+            bar.update(advance=len(new[start:start + _TOKENIZE_BATCH]))
+    with progress_bar("writing", len(new), progress) as bar:
         now = utc_now()
         config = {
             "importer": "agentgym", "tokenizer": tok_name, "tokenizer_fingerprint": tok_fp,
@@ -183,7 +182,7 @@ def import_agentgym(
                     total[name] = total.get(name, 0) + k
             if res.snapshot_id is not None:
                 snapshots.append(res.snapshot_id)
-            bar.advance(writing, len(chunk))
+            bar.update(advance=len(chunk))
 
     stored = runs.stored(lake, run_id)
     if stored is not None and stored.status != "finished":  # a new run, or one an interrupted import left running
