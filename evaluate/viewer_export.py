@@ -18,13 +18,12 @@ from __future__ import annotations
 
 import errno
 import os
-import sys
-import time
 from pathlib import Path
 
 import polars as pl
 
 from trajlake.core.errors import TrajlakeError
+from trajlake.core.progress import StepProgress
 from trajlake.evaluate.viewer_pages import RUN_PAGE_ROWS, RUNS_SQL, TURN_COLUMNS, Links, Pages, _tokenizer_for
 from trajlake.evaluate.viewer_render import TokenText, episode_block, rewards_from_spans
 from trajlake.evaluate.viewer_train_data import read_train, sparks, train_ids
@@ -102,40 +101,6 @@ def _out_folder(out: str | Path) -> Path:
     return root
 
 
-class ExportProgress:
-    """The export's progress on stderr: a live bar on a terminal; anywhere else (a log, CI) one plain line per
-    step (the run pages, each chunk of episode pages, the end), as the train progress does (a bar off a
-    terminal is drawn only once, at the end)."""
-
-    def __init__(self, total: int, *, enabled: bool, console=None):
-        from rich.console import Console
-        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-
-        console = console or Console(stderr=True)
-        self.lines = enabled and not console.is_terminal
-        self.total, self.done, self.t0 = total, 0, time.perf_counter()
-        self.progress = Progress(TextColumn("[bold]view --out[/bold] {task.description}"), BarColumn(),
-                                 MofNCompleteColumn(), TimeElapsedColumn(), disable=not enabled or self.lines,
-                                 transient=False, console=console)
-        self.task = self.progress.add_task("episode pages", total=total)
-
-    def __enter__(self):
-        self.progress.__enter__()
-        return self
-
-    def __exit__(self, *exc):
-        self.progress.__exit__(*exc)
-
-    def step(self, what: str, pages: int = 0) -> None:
-        """`what` is done; it wrote `pages` episode pages."""
-        self.done += pages
-        self.progress.update(self.task, advance=pages)
-        if self.lines:
-            rate = self.done / max(time.perf_counter() - self.t0, 1e-9)
-            print(f"view --out: {what}; episode pages {self.done}/{self.total} ({rate:,.0f}/s, "
-                  f"{time.perf_counter() - self.t0:.1f}s)", file=sys.stderr, flush=True)
-
-
 def _run_pages(root: Path, pages: Pages, episodes: pl.DataFrame, kinds: dict) -> int:
     """Every run's page (in parts of RUN_PAGE_ROWS episodes) from `episodes`, in id order; how many files."""
     written = 0
@@ -187,7 +152,7 @@ def _by_episode(rows: list[dict]) -> dict[str, list[dict]]:
     return out
 
 
-def _episode_pages(root: Path, pages: Pages, episodes: pl.DataFrame, bar: ExportProgress) -> None:
+def _episode_pages(root: Path, pages: Pages, episodes: pl.DataFrame, bar: StepProgress) -> None:
     """Every episode page of `episodes` (in id order), CHUNK episodes at a time."""
     lake, snap, spec = pages.lake, pages.snapshot, pages.spec
     tokens: dict[tuple, TokenText | None] = {}  # (run, policy) -> its tokenizer's token texts
@@ -208,7 +173,7 @@ def _episode_pages(root: Path, pages: Pages, episodes: pl.DataFrame, bar: Export
             block = episode_block(eid, ep, turns.get(eid, []), rewards_from_spans(spans.get(eid, ())), tokens[key],
                                   spec)
             _write(root, "episodes", Links.page_file(eid), pages.episode_from(eid, block))
-        bar.step(f"{len(eps)} more episodes", len(eps))
+        bar.update(advance=len(eps), stats=f"{len(eps)} more episodes")
 
 
 def export_site(lake, out: str | Path, *, snapshot: int | None = None, spec: str | None = None,
@@ -223,14 +188,14 @@ def export_site(lake, out: str | Path, *, snapshot: int | None = None, spec: str
     runs = lake.query(RUNS_SQL, snapshot=snap)
     episodes = lake.query(ALL_EPISODES_SQL, [pages.spec], snapshot=snap)
     exported = episodes if max_episodes is None else episodes.head(max(0, int(max_episodes)))
-    with ExportProgress(exported.height, enabled=progress) as bar:
+    with StepProgress("view --out", "episode pages", exported.height, enabled=progress) as bar:
         _write(root, "", "index.html", pages.runs_from(runs.to_dicts(), sparks(lake, snap)))
         kinds = dict(zip(runs["run_id"].to_list(), runs["kind"].to_list(), strict=True))
         n = _run_pages(root, pages, episodes, kinds)
         t = _train_pages(root, pages, episodes)
-        bar.step(f"the index and {n} run pages" + (f", {t} train run pages" if t else ""))
+        bar.update(stats=f"the index and {n} run pages" + (f", {t} train run pages" if t else ""))
         _episode_pages(root, pages, exported, bar)
     return exported.height
 
 
-__all__ = ["CHUNK", "ExportProgress", "export_site"]
+__all__ = ["CHUNK", "export_site"]

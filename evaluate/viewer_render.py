@@ -13,6 +13,7 @@ from collections.abc import Callable, Iterable
 from trajlake.evaluate.metrics import held_out_label
 from trajlake.evaluate.viewer_charts import sparkline
 from trajlake.evaluate.viewer_html import attrs, esc, link, page
+from trajlake.store.reads import NO_OUTCOME
 
 #: the most episodes one run page lists; a longer run is split into parts (`?page=N`, `<run>%pN.html`), so
 #: a run of 100,000 episodes answers as fast as one of 2,000 and its page stays one a browser opens at once
@@ -115,6 +116,8 @@ def runs_page(rows: list[dict], snapshot: int, links, spec: str | None, sparks: 
             name = link(links.run(r["run_id"], spec), r["run_id"]) if r["episodes"] else esc(r["run_id"])
         cells = [esc(r[k]) for k in ("kind", "status", "parent_run_id", "episodes", "success_rate", "envs",
                                      "policies", "started_at")]
+        if r["kind"] == "import" and r["episodes"] and r["success_rate"] is None:  # a file with no success flag
+            cells[4] = esc(NO_OUTCOME)
         cls = attrs(class_=f"child depth-{min(depth, 3)}") if depth else ""
         mark = "&#8627; " if depth else ""
         body.append(f"<tr{cls}{attrs(data_run=r['run_id'])}><td>{mark}{name}</td>"

@@ -154,8 +154,9 @@ def test_the_export_says_how_far_it_is(lake, tmp_path, capfd, monkeypatch):
     out, err = capfd.readouterr()
     lines = err.strip().splitlines()
     chunks = -(-len(IDS) // 5)
-    assert out == "" and len(lines) == 1 + chunks and all(line.startswith("view --out: ") for line in lines)
-    assert "the index and" in lines[0] and f"episode pages 0/{len(IDS)}" in lines[0]
+    assert out == "" and len(lines) == 1 + chunks
+    assert all(line.startswith("view --out episode pages ") for line in lines)
+    assert "the index and" in lines[0] and f"episode pages 0/{len(IDS)} " in lines[0]
     assert f"episode pages {len(IDS)}/{len(IDS)} " in lines[-1]
     export_site(lake, tmp_path / "again", progress=False)
     assert capfd.readouterr() == ("", "")

@@ -80,3 +80,21 @@ def test_config_rows_differ_first():
                                            "start_policy": "p", "tasks": 16, "iterations": 3}, fields)
     assert [k for k, _, _ in differs] == ["iterations", "model", "report_to"]
     assert [k for k, _, _ in recorded] == ["start_policy"] and [k for k, _, _ in same] == ["lr", "tasks"]
+
+
+def run_row(run_id, kind, episodes, success_rate, parent=None):
+    return {"run_id": run_id, "kind": kind, "status": "finished", "parent_run_id": parent, "episodes": episodes,
+            "success_rate": success_rate, "envs": "doors", "policies": "p", "started_at": "t"}
+
+
+def test_run_list_says_why_an_import_has_no_success_rate():
+    """An import of a file without success flags says so; a collect run with no outcome yet stays blank, and an
+    import that has one shows its rate."""
+    from trajlake.evaluate.viewer_render import runs_page
+    from trajlake.store.reads import NO_OUTCOME
+
+    html = runs_page([run_row("imp", "import", 12, None), run_row("imp2", "import", 4, 0.5),
+                      run_row("col", "collect", 3, None), run_row("empty", "import", 0, None)], 1, Links(True), None)
+    cells = {r: html.split(f'data-run="{r}"', 1)[1].split("</tr>", 1)[0] for r in ("imp", "imp2", "col", "empty")}
+    assert NO_OUTCOME in cells["imp"] and "<td>0.5</td>" in cells["imp2"]
+    assert NO_OUTCOME not in cells["col"] and NO_OUTCOME not in cells["empty"] and NO_OUTCOME not in cells["imp2"]
