@@ -120,7 +120,7 @@ def markdown(rows: list[dict], runs: list[dict], host: dict) -> str:
     head = ["| stage | trajlake | alternative | trajlake | alternative | ratio | target | met |",
             "|---|---|---|---|---|---|---|---|"]
     body = [f"| {r['stage']} | {r['trajlake']} | {r['alternative']} | {_num(r['trajlake_value'], r['unit'])} | "
-            f"{_num(r['alternative_value'], r['unit'])} | **{r['ratio']:.2f}x** | {r['target']:g}x | "
+            f"{_num(r['alternative_value'], r['unit'])} | **{r['ratio']:.2f}x** | {r['target']:.3g}x | "
             f"{'yes' if r['met'] else 'NO'} |" for r in rows]
     body += [f"| {r['bench']} | failed: {r['error']} | | | | | | NO |" for r in runs if r.get("error")]
     notes = [f"* {r['stage']}: {r['note']}" for r in rows if r.get("note")]
