@@ -224,6 +224,7 @@ def test_bad_option(c, setting, capsys, tmp_path):
     check_case(c, setting, capsys, tmp_path)
 
 
+@pytest.mark.slow  # 5 s: a whole evaluate run
 def test_evaluate_on_the_train_split_warns(tiny, capsys, tmp_path):
     """Not an error: the evaluation runs, and one stderr line says its numbers are not held out."""
     from trajlake.cli import main

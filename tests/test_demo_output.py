@@ -13,6 +13,7 @@ import sys
 
 import pyarrow as pa
 import pyarrow.parquet as pq
+import pytest
 
 from tests.helpers import tiny_model_dir
 from trajlake.store import Lake
@@ -63,6 +64,7 @@ def _tables(text: str) -> list[tuple[list[str], list[list[str]]]]:
     return tables
 
 
+@pytest.mark.slow  # 23 s: the demo recipe end to end in a subprocess
 def test_the_demo_in_a_pipe_reads_cleanly(tmp_path, tmp_path_factory):
     models = tmp_path / "models"
     shutil.copytree(tiny_model_dir(tmp_path_factory), models / "tiny")

@@ -185,6 +185,7 @@ def test_real_files_counts(real):
     assert lake.query("SELECT policy_id FROM policies")["policy_id"].to_list() == ["agentgym-expert"]
 
 
+@pytest.mark.slow  # 6 s per order: the real files imported twice
 @pytest.mark.parametrize("order", [("val", "train"), ("train", "val")])
 def test_each_episode_keeps_its_files_split_whatever_the_import_order(order, tmp_path, tok_path):
     """OpenManus-RL's babyai val and train files share 20 item ids: each file's episodes keep its split."""

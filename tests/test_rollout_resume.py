@@ -48,6 +48,7 @@ CHILD = textwrap.dedent("""
 """)
 
 
+@pytest.mark.slow  # 8 s: a collect process killed, then resumed
 def test_resume_after_sigkill(tiny, tmp_path):
     uri = str(tmp_path / "lake")
     config = dict(env="maze", policy="scripted:maze", tokenizer=str(tiny), tasks=10, samples=2, max_turns=30,

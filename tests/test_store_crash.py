@@ -119,6 +119,7 @@ def run_and_kill(script: str, uri: str, seed: int, delay: float, after_ready: bo
     return False
 
 
+@pytest.mark.slow  # 10 s per catalog: writer processes killed mid-append
 def test_sigkilled_writers_leave_no_partial_episode(lake_uri, tmp_path):
     script = tmp_path / "writer.py"
     script.write_text(WRITER)

@@ -78,6 +78,7 @@ def lease_rows(uri: str) -> list[dict]:
         return lake.query("SELECT * FROM run_leases ORDER BY run_id").to_dicts()
 
 
+@pytest.mark.slow  # 6 s per catalog: two processes
 def test_a_second_process_is_refused_while_the_first_holds_the_lease(lake_uri, helper):
     first = hold(helper, lake_uri, "r1")
     try:

@@ -42,6 +42,7 @@ def assert_history(lake: Lake, history: dict[int, list]) -> None:
         assert lake.query(CONTENT, snapshot=snap).rows() == rows, f"snapshot {snap}"
 
 
+@pytest.mark.slow  # 5 s per catalog: maintenance passes over a lake
 def test_maintain_keeps_rows_and_time_travel_until_expired(lake):
     history = small_appends(lake)
     latest = lake.query(CONTENT).rows()

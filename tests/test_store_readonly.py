@@ -74,6 +74,7 @@ def one_line_error(capsys, rc: int, expected: str) -> str:
     return lines[0]
 
 
+@pytest.mark.slow  # 9 s per catalog: every write statement tried
 def test_sql_and_export_refuse_every_write_on_every_backend(lake_uri, tmp_path, capsys, monkeypatch):
     monkeypatch.chdir(tmp_path)
     fill(lake_uri)

@@ -38,6 +38,7 @@ def holder(tmp_path, uri: str, run_id: str):
     return p
 
 
+@pytest.mark.slow  # 9 s: a trainer process held, then taken over
 def test_a_run_held_by_a_live_process_is_refused_then_taken_over(model, tmp_path):
     uri = f"sqlite:{tmp_path / 'catalog.sqlite'}"
     expert = CollectConfig(env="doors", policy="scripted:doors", tokenizer=str(model), tasks=4, difficulty=1,

@@ -26,6 +26,7 @@ def test_peer_names_and_derived_metrics():
                  "trajlake/custom": 3.0}
 
 
+@pytest.mark.slow  # 6 s: a GRPO run with both trackers
 def test_grpo_reports_to_tensorboard_and_wandb_offline(tmp_path, tmp_path_factory, monkeypatch):
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
