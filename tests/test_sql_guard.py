@@ -236,6 +236,7 @@ def test_reads_work_after_maintain(backend, expire, tmp_path, request, capsys):
     assert (out / "x.parquet").exists() and (out / "ds").is_dir()
 
 
+@pytest.mark.slow  # 7 s per catalog: every output path tried
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_outputs_into_the_lake_are_refused(backend, tmp_path, request, capsys):
     uri = make_uri(backend, tmp_path, request)

@@ -44,6 +44,7 @@ def assert_all_stored_once(lake: Lake, ids: set[str], stage: str) -> None:
     assert snaps.filter(snaps["stage"] == stage).height == len(ids)
 
 
+@pytest.mark.slow  # 5 s per catalog: writer threads
 def test_threads_share_one_lake(lake):
     writers, commits = 4, 8
     errors: list[BaseException] = []

@@ -108,6 +108,7 @@ def test_a_second_process_is_refused_while_the_first_holds_the_lease(lake_uri, h
     assert take(helper, lake_uri, "r1").stdout.strip() == "took"
 
 
+@pytest.mark.slow  # 4 s per catalog: a killed process
 def test_a_lease_left_by_a_killed_process_is_taken_over(lake_uri, helper):
     first = hold(helper, lake_uri, "r1")
     first.send_signal(signal.SIGKILL)
@@ -145,6 +146,7 @@ def test_a_reused_pid_is_not_the_holder(lake_uri):
         assert L.is_live(far)
 
 
+@pytest.mark.slow  # 4 s per catalog: racing processes
 def test_concurrent_takers_one_wins(lake_uri, helper):
     """Processes starting at once on one run id: exactly one takes the lease while it is held."""
     if not lake_uri.startswith(("sqlite:", "postgres:")):

@@ -83,6 +83,7 @@ def test_maintain_keeps_rows_and_time_travel_until_expired(lake):
     assert lake.count("episodes") == len(latest) + 1
 
 
+@pytest.mark.slow  # 5 s per catalog: snapshots aged past a horizon
 def test_expire_only_snapshots_older_than_the_horizon(lake):
     first = small_appends(lake, n=3)
     time.sleep(3)  # the margin for a loaded machine (tests run in parallel): maintain may start 2 s late

@@ -105,6 +105,7 @@ def files(root: Path) -> dict[Path, bytes]:
     return {p.relative_to(root): p.read_bytes() for p in root.rglob("*") if p.is_file()}
 
 
+@pytest.mark.slow  # 7 s per spec: every page both ways
 @pytest.mark.parametrize("spec", [None, "last"])  # None: the last scored, the hostile-named discounted one
 def test_the_export_writes_the_per_page_pages(lake, tmp_path, spec):
     assert export_site(lake, tmp_path / "site", spec=spec, progress=False) == len(IDS)
