@@ -42,8 +42,8 @@ def test_lines_are_rate_limited_and_the_last_always_shows(capsys):
         for k in range(3, 11):
             bar.update(k)
     assert [line.split()[2] for line in _lines(capsys, "train t ")] == ["4/10", "8/10", "10/10"]
-    with StepProgress("collect", "idle", 0, **OFF):  # nothing to do: no line
-        pass
+    with StepProgress("collect", "idle", 0, **OFF) as idle:  # nothing to do: no line
+        assert idle.completed == 0
     with StepProgress("collect", "off", 5, enabled=False, **OFF) as bar:
         bar.update(5)
     assert capsys.readouterr().err == ""

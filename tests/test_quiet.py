@@ -58,8 +58,7 @@ def test_the_cli_and_the_recipes_debug_option(tmp_path, monkeypatch):
 
     seen = []
     monkeypatch.setattr(display, "show", lambda df, **kw: seen.append(quiet.debug()))
-    with Lake.open(str(tmp_path / "lake")):  # a lake for `tables` to read
-        pass
+    Lake.open(str(tmp_path / "lake")).close()  # a lake for `tables` to read
     assert main(["--lake", str(tmp_path / "lake"), "--debug", "tables"]) == 0
     assert main(["--lake", str(tmp_path / "lake"), "tables"]) == 0
     assert seen == [True, False] and not quiet.debug()  # --debug held for its command only

@@ -9,7 +9,7 @@ from __future__ import annotations
 import pytest
 
 from tests.helpers import EXPERT, demo_lake_uri
-from tests.viewer_helpers import csp_refusals, open_browser
+from tests.viewer_helpers import csp_refusals, open_browser, served
 from trajlake.core.errors import TrajlakeError
 from trajlake.evaluate.viewer import Viewer, export_site
 from trajlake.store import Lake
@@ -23,10 +23,8 @@ def lake(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def viewer(lake):
-    v = Viewer(lake, port=0)
-    v.start()
-    yield v
-    v.close()
+    with served(lake) as v:
+        yield v
 
 
 def a_model_episode(lake) -> tuple[str, str]:

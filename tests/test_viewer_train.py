@@ -14,7 +14,7 @@ from urllib.parse import unquote, urlsplit
 
 import pytest
 
-from tests.viewer_helpers import Tags, csp_refusals, open_browser, train_lake_uri
+from tests.viewer_helpers import Tags, csp_refusals, open_browser, served, train_lake_uri
 from trajlake.evaluate.metrics import wilson_interval
 from trajlake.evaluate.viewer import Viewer, export_site
 from trajlake.evaluate.viewer_html import SCRIPT
@@ -32,10 +32,8 @@ def lake(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def viewer(lake):
-    v = Viewer(lake, port=0)
-    v.start()
-    yield v
-    v.close()
+    with served(lake) as v:
+        yield v
 
 
 @pytest.fixture(scope="module")

@@ -31,8 +31,9 @@ from tests.viewer_helpers import (
     build_hostile_train_lake,
     open_browser,
     payload,
+    served,
 )
-from trajlake.evaluate.viewer import Viewer, export_site
+from trajlake.evaluate.viewer import export_site
 from trajlake.evaluate.viewer_html import CSP, SCRIPT
 from trajlake.evaluate.viewer_pages import Links
 from trajlake.store import Lake
@@ -55,10 +56,8 @@ def lake(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def viewer(lake):
-    v = Viewer(lake, port=0)
-    v.start()
-    yield v
-    v.close()
+    with served(lake) as v:
+        yield v
 
 
 PAGES = {"/": "trajlake runs", f"/train?id={q(TRAIN_RUN)}": f"train {TRAIN_RUN}",

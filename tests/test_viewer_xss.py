@@ -33,6 +33,7 @@ from tests.viewer_helpers import (
     csp_refusals,
     open_browser,
     payload,
+    served,
 )
 from trajlake.core.errors import TrajlakeError
 from trajlake.evaluate.viewer import Viewer, export_site
@@ -52,10 +53,8 @@ def lake(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def viewer(lake):
-    v = Viewer(lake, port=0)
-    v.start()
-    yield v
-    v.close()
+    with served(lake) as v:
+        yield v
 
 
 @pytest.fixture(scope="module")

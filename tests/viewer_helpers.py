@@ -4,6 +4,7 @@ with the browser's console log kept, so a test can see what the Content-Security
 
 from __future__ import annotations
 
+import contextlib
 import shutil
 from datetime import datetime, timedelta, timezone
 from html.parser import HTMLParser
@@ -178,3 +179,16 @@ def build_hostile_train_lake(path: Path) -> None:
                    "reward_specs": [RewardSpecRow(SPEC, SPEC_NAME, {"allocation": {"strategy": "last_token"}}, now)],
                    "episodes": eps, "turns": turns, "train_steps": steps},
                   stage="train", run_id="hostile-train-fixture")
+
+
+@contextlib.contextmanager
+def served(lake):
+    """The viewer serving `lake` on a free port for the block (a module fixture's body in each viewer test)."""
+    from trajlake.evaluate.viewer import Viewer
+
+    v = Viewer(lake, port=0)
+    v.start()
+    try:
+        yield v
+    finally:
+        v.close()
