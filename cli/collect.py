@@ -15,6 +15,7 @@ from trajlake.cli.common import PATH, check_text, open_lake, path_arg
 from trajlake.cli.options import rollout_options
 from trajlake.collect.config import CollectConfig, check_url
 from trajlake.core import display
+from trajlake.core.errors import TrajlakeError
 from trajlake.core.ids import check_id
 from trajlake.evaluate.run import EvalConfig
 
@@ -59,6 +60,7 @@ def collect(
 
 @rollout_options(EvalConfig, required=("env",))
 def evaluate(
+    ctx: typer.Context,
     policy: list[str] = typer.Option(..., "--policy", help="Policy spec to evaluate; repeat to compare several."),
     tasks: int = typer.Option(50, "--tasks"),
     samples: int = typer.Option(1, "--samples", help="Samples per task (pass@k needs k <= samples)."),
@@ -68,21 +70,32 @@ def evaluate(
                                         parser=path_arg, metavar=PATH),
     k: list[int] = typer.Option([1], "--k", help="pass@k values (repeatable); --samples is always added."),
     seed: int = typer.Option(0, "--seed"),
+    temperatures: Optional[str] = typer.Option(
+        None, "--temperatures", metavar="T1,T2,...",
+        help="Choose the rollout temperature by measurement: evaluate the one --policy greedily and at each of "
+        "these temperatures (at most 8, each > 0) on the same tasks of --split (val unless given), each a stored "
+        "eval run, and print the table and the chosen temperature: the highest whose sampled success is not below "
+        "the greedy success's 95% Wilson lower bound (none: the lowest). Not with --greedy or --temperature."),
     rollout: Optional[dict] = None,
 ) -> None:
     """Play held-out tasks with each policy, store them (run kind eval) and report success, pass@k, reward,
     turns, format errors and tokens per episode, per env and difficulty, with 95% intervals. Play them as the
-    policy was trained: the same --template and --system-prompt."""
+    policy was trained: the same --template and --system-prompt. With --temperatures, sweep the rollout
+    temperature of one policy instead (docs/evaluate.md: Choosing the rollout temperature)."""
     import polars as pl
 
     from trajlake.collect.envs.agentgym_client import resolve_env_name
     from trajlake.evaluate.metrics import format_summary
     from trajlake.evaluate.run import evaluate as run_eval
 
+    sweep = _sweep_temperatures(ctx, temperatures, policy, greedy, rollout) if temperatures is not None else None
     check_url(rollout["env_url"], "--env-url")  # before resolve_env_name asks the URL's server for its name
     rollout["env"] = resolve_env_name(rollout["env"], rollout["env_url"])
     cfg = EvalConfig(**rollout, policies=tuple(policy), tasks=tasks, samples=samples, greedy=greedy,
                      tokenizer=tokenizer, spec=str(spec) if spec else None, ks=tuple(k), seed=seed)
+    if sweep is not None:
+        _run_sweep(cfg, *sweep)
+        return
     if cfg.split == "train":  # allowed (a sanity check of fitting), but its numbers must not pass for held-out ones
         print("warning: evaluating on the train split: the policy may have trained on these tasks, so these "
               "numbers are not held out (use --split test or val for a held-out evaluation)", file=sys.stderr)
@@ -96,6 +109,50 @@ def evaluate(
     display.emit_vertical(table.with_columns(label.alias("policy")).drop("difficulty"), key="policy")
     for note in result.notes:  # the last lines: e.g. how many episodes ended in an env error, and how to retry
         display.console.print(note, markup=False, highlight=False, soft_wrap=True)
+
+
+def _given(ctx: typer.Context, name: str) -> bool:
+    """Whether the user gave option `name` (not merely its default): a sweep sets the temperature and defaults
+    the split itself."""
+    source = ctx.get_parameter_source(name)
+    return source is not None and source.name != "DEFAULT"
+
+
+def _sweep_temperatures(ctx: typer.Context, text: str, policy: list[str], greedy: bool,
+                        rollout: dict) -> tuple[tuple[float, ...], str]:
+    """The checked temperatures of `--temperatures` and the split the sweep plays, or the one-line refusal of a
+    sweep asked for with options it cannot take (before anything is resolved or played)."""
+    from trajlake.evaluate.temperature import parse_temperatures
+
+    temps = parse_temperatures(text, "evaluate: --temperatures")
+    clash = [(greedy, "--greedy (the sweep plays greedy as its baseline)"),
+             (_given(ctx, "temperature"), "--temperature (the sweep sets each point's temperature)"),
+             (len(policy) != 1, f"{len(policy)} policies (a sweep chooses the temperature of one --policy)")]
+    for bad, what in clash:
+        if bad:
+            raise TrajlakeError(f"evaluate: --temperatures does not go with {what}")
+    split = rollout["split"] if _given(ctx, "split") else "val"
+    if split != "val":  # allowed, but a temperature tuned on these tasks makes their numbers no longer held out
+        print(f"warning: choosing the temperature on the {split} split tunes it on tasks whose numbers you may "
+              "report; use --split val", file=sys.stderr)
+    return temps, split
+
+
+def _run_sweep(cfg: EvalConfig, temps: tuple[float, ...], split: str) -> None:
+    """Play (or read back) the sweep and print its table, its notes and the chosen temperature last."""
+    from trajlake.evaluate.temperature import kept_temperatures, sweep_temperatures
+
+    with open_lake() as lake:
+        result = sweep_temperatures(lake, cfg, cfg.policies[0], temps, split=split)
+    display.show(result.table)
+    for note in result.notes:
+        display.console.print(note, markup=False, highlight=False, soft_wrap=True)
+    if result.chosen in set(kept_temperatures(result.points)):
+        why = "the highest whose sampled success is within greedy's 95% interval"
+    else:
+        why = "none kept greedy's success within its 95% interval: the lowest swept"
+    display.console.print(f"chosen temperature: {result.chosen} ({why})", markup=False, highlight=False,
+                          soft_wrap=True)
 
 
 def envs() -> None:
