@@ -155,21 +155,46 @@ def _run_sweep(cfg: EvalConfig, temps: tuple[float, ...], split: str) -> None:
                           soft_wrap=True)
 
 
-def envs() -> None:
-    """List the registered environments."""
+def envs(
+    env: Optional[str] = typer.Option(
+        None, "--env", help="Show this env's splits instead: tasks, scheme and difficulty histogram per split."),
+) -> None:
+    """List the registered environments, or one env's splits (--env)."""
     import polars as pl
 
     from trajlake.collect.envs import env_info
 
-    def splits(ranges: dict, remote: bool) -> str:
-        if not ranges:
-            return "listed by its server" if remote else "seeded"
-        return ", ".join(f"{s} {a}-{b - 1}" if b is not None else f"{s} {a}+" for s, (a, b) in ranges.items())
+    rows = env_info()
+    if env is not None:
+        check_text("--env", env)
+        row = next((r for r in rows if r["name"] == env), None)
+        if row is None:
+            raise TrajlakeError(f"unknown env {env!r}; valid envs: {', '.join(r['name'] for r in rows)}")
+        display.show(pl.DataFrame(_split_rows(row)))
+        return
+    table = [{"name": r["name"], "difficulties": ",".join(map(str, r["difficulties"])), "splits": _splits_text(r),
+              "actions": r["actions"], "description": r["description"]} for r in rows]
+    display.show(pl.DataFrame(table))
 
-    rows = [{"name": r["name"], "difficulties": ",".join(map(str, r["difficulties"])),
-             "splits": splits(r["split_ranges"], r["remote"]), "actions": r["actions"], "description": r["description"]}
-            for r in env_info()]
-    display.show(pl.DataFrame(rows))
+
+def _splits_text(row: dict) -> str:
+    """An env's splits in one cell: "stratified-v1: test 100, val 100, train 344" for a server's data indices
+    (a split without an end says so), "seeded" for the built-ins, "listed by its server" for trajlake's server."""
+    if not row["split_sizes"]:
+        return "listed by its server" if row["remote"] else "seeded"
+    sizes = ", ".join(f"{s} {'no end' if n is None else n}" for s, n in row["split_sizes"].items())
+    return f"{row['split_scheme']}: {sizes}"
+
+
+def _split_rows(row: dict) -> list[dict]:
+    """One row per split of `row`'s env: its tasks, its scheme and, where the env knows its tasks' difficulty
+    (TextCraft's crafting depth), how many tasks of each difficulty it holds ("1: 23, 2: 54, ...")."""
+    sizes = row["split_sizes"] or dict.fromkeys(row["splits"])
+    seeded = "listed by its server" if row["remote"] else "seeded"
+    return [{"split": s, "tasks": seeded if not row["split_sizes"] else ("no end" if n is None else str(n)),
+             "scheme": row["split_scheme"] or seeded,
+             "difficulty": ", ".join(f"{d}: {k}" for d, k in row["split_difficulty"].get(s, {}).items())}
+            for s, n in sizes.items()]
 
 
 def serve_env(

@@ -6,11 +6,11 @@
    into the store with exact token ids;
 4. the starting model evaluated on the held-out tasks first, so the store knows their goals; then an SFT warm
    start on the imported episodes whose goals are none of them, read back from the store;
-5. GRPO iterations whose rollouts play the real server (train split: data indices 200 and up), scored with the
-   default reward spec, updated and checkpointed;
+5. GRPO iterations whose rollouts play the real server (the train split), scored with the default reward spec,
+   updated and checkpointed;
 6. the starting, warm-started and trained policies evaluated greedily on held-out tasks of the real server
-   (test split: data indices 0..N-1), with the server's own idea of success, side by side, each with the
-   store's count of evaluated tasks found in its training lineage (held_out: clean).
+   (the first N tasks of the test split, a seeded sample of it), with the server's own idea of success, side
+   by side, each with the store's count of evaluated tasks found in its training lineage (held_out: clean).
 
 Every number printed is read back from the store. Run ids are fixed (`<prefix>-sft`, `<prefix>-grpo`), so a
 second run resumes where the first stopped, or only prints the results.
@@ -119,7 +119,7 @@ def import_expert_data(lake: Lake, data: Path, model: Path) -> str:
 
 def sft_filter(import_run: str, max_tokens: int) -> str:
     """The imported episodes that fit the model's context and share no goal with a held-out task played so far
-    (75 of the 100 test goals have an imported expert trajectory), as the SQL filter SFT reads from the store."""
+    (62 of the 100 test goals have an imported expert trajectory), as the SQL filter SFT reads from the store."""
     from trajlake.evaluate.contamination import outside_goals_of
 
     return (f"run_id = '{import_run}' AND episode_id IN (SELECT episode_id FROM turns GROUP BY episode_id "
@@ -179,8 +179,8 @@ def run(cfg: PipelineConfig) -> None:
                   "GRPO on the real server": f"policy:{grpo.policy_id}"}
         table = results_table(evaluate_policies(cfg, lake, list(stages.values()), model), stages)
         console.rule("7. results (read back from the store)")
-        console.print(f"held-out greedy success on AgentGym TextCraft (test split: data indices 0..{cfg.eval_tasks - 1}"
-                      f", {cfg.max_turns} turns), 95% Wilson intervals")
+        console.print(f"held-out greedy success on AgentGym TextCraft (the first {cfg.eval_tasks} tasks of the test "
+                      f"split, {cfg.max_turns} turns), 95% Wilson intervals")
         show(table)
         console.print("GRPO curve (sampled rollouts of each iteration on the train split, from train_steps):")
         show(lake.query(CURVE_SQL, [grpo.run_id]))

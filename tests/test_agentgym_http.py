@@ -83,18 +83,23 @@ def test_expert_over_http_matches_in_process(server):
 @pytest.mark.parametrize("server", [("maze", {"preset": "textcraft"})], indirect=True)
 def test_agentgym_tasks_are_data_indices_of_the_split(server):
     client = AgentGymClient(server.url, "textcraft", **FAST)
-    remote = client.tasks("test", n=6)
-    assert [t.task_id for t in remote] == [f"agentgym/textcraft/test/{i}" for i in range(6)]
-    assert {t.env for t in remote} == {"agentgym/textcraft"} and [t.meta["data_idx"] for t in remote] == list(range(6))
-    assert [t.meta["data_idx"] for t in client.tasks("train", n=2)] == [200, 201]  # train starts past val
-    for task, local_task in zip(remote, make_env("maze").tasks("test", n=6), strict=True):
-        # reset by data index lands on the server's task of that index
+    remote = client.tasks("test", n=6)  # stratified-v1: a seeded sample of the test split's data indices
+    idx = [t.meta["data_idx"] for t in remote]
+    assert [t.task_id for t in remote] == [f"agentgym/textcraft/test/{i}" for i in idx]
+    assert {t.env for t in remote} == {"agentgym/textcraft"}
+    assert idx == PRESETS["textcraft"].task_indices("test", 6, "stratified-v1")
+    old = AgentGymClient(server.url, "textcraft", split_scheme="contiguous", **FAST)  # the old ranges, on request
+    assert [t.meta["data_idx"] for t in old.tasks("train", n=2)] == [200, 201]  # train starts past val
+    low = min(remote, key=lambda t: t.meta["data_idx"])  # the imitation generates tasks 0..i to reach index i
+    # reset by data index lands on the server's task of that index
+    assert client.reset(low) == make_env("maze").reset(make_env("maze").tasks("test", n=min(idx) + 1)[-1])
+    for task, local_task in zip(old.tasks("test", n=6), make_env("maze").tasks("test", n=6), strict=True):
         assert client.reset(task) == make_env("maze").reset(local_task)
     with pytest.raises(ValueError, match="has no difficulty levels"):
         client.tasks("test", n=1, difficulty=1)
     with pytest.raises(ValueError, match="unknown split 'dev'"):
         client.tasks("dev", n=1)
-    with pytest.raises(ValueError, match="has 100 tasks"):
+    with pytest.raises(ValueError, match=r"has 100 tasks \(stratified-v1\)"):
         client.tasks("test", n=101)
     client.close()
     assert server.app.live == 0
@@ -139,7 +144,7 @@ def shaped_transcript(env, task: Task, local_task: Task, preset: Preset) -> list
 @pytest.mark.parametrize("name", sorted(set(PRESETS) - {"trajlake"}))
 def test_each_preset_against_a_server_shaped_like_it(name):
     # the imitation generates tasks 0..i to reach data index i: low indices keep it fast (splits are tested above)
-    preset = dataclasses.replace(PRESETS[name], size=None, splits={"test": (0, 100)})
+    preset = dataclasses.replace(PRESETS[name], size=None, splits={"test": (0, 100)}, difficulty_profile=None)
     with serve_env("maze", preset=preset) as srv:
         client = AgentGymClient(srv.url, preset, **FAST)
         local_tasks = make_env("maze").tasks("test", n=3)

@@ -58,10 +58,13 @@ def test_registry_lists_the_builtins():
         assert row["description"] and row["actions"] and row["splits"]
         if row["remote"]:  # AgentGym's servers: their own splits of data indices, no difficulty levels
             assert row["name"].startswith("agentgym/") and set(row["splits"]) <= set(SPLITS) and not row["difficulties"]
-            assert set(row["split_ranges"]) == (set() if row["name"] == "agentgym/trajlake" else set(row["splits"]))
+            assert set(row["split_sizes"]) == (set() if row["name"] == "agentgym/trajlake" else set(row["splits"]))
         else:
-            assert row["splits"] == list(SPLITS) and row["difficulties"] and row["split_ranges"] == {}
-    assert info["agentgym/textcraft"]["split_ranges"] == {"test": (0, 100), "val": (100, 200), "train": (200, 544)}
+            assert row["splits"] == list(SPLITS) and row["difficulties"] and row["split_sizes"] == {}
+    textcraft = info["agentgym/textcraft"]
+    assert textcraft["split_sizes"] == {"test": 100, "val": 100, "train": 344}
+    assert textcraft["split_scheme"] == "stratified-v1"
+    assert set(textcraft["split_difficulty"]) == {"test", "val", "train"}  # crafting depth: tests/test_agentgym_splits
 
 
 def test_unknown_env_lists_the_valid_ones():

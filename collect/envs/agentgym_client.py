@@ -5,7 +5,7 @@ wordle, webshop, alfworld, sciworld, sqlgym, weather, movie, todo, academia, she
 them); its `Preset` (agentgym_presets.py) says how that server speaks. A user names the env and the URL:
 
     env = make_env("agentgym/textcraft", url="http://127.0.0.1:36001")
-    task = env.tasks("test", n=1)[0]          # task i of a split is the server's data index (see Preset.splits)
+    task = env.tasks("test", n=1)[0]          # a task is one of the server's data indices (see Preset.splits)
     obs = env.reset(task)                     # creates a remote instance and resets it to the task
     obs, reward, done, info = env.step("Thought: ...\nAction: get 1 oak log")
     env.close()                               # closes the remote instance (also done at the next reset)
@@ -17,6 +17,12 @@ server (`trajlake serve-env`), which lists its tasks and sends each whole task t
 Before its first /create a client reads the server's greeting (`GET /`, "This is environment TextCraft."):
 a server that names another environment is refused (`check_server`), so a BabyAI server is never played as
 TextCraft and its wins never stored as failures. A greeting that names no known environment is accepted.
+
+A server that holds a known number of tasks (Preset.size) has its data indices dealt to test, val and train by
+a seeded permutation stratified by difficulty (the `stratified-v1` scheme), so its splits are drawn from one
+distribution; the env kwarg `split_scheme="contiguous"` plays the old contiguous ranges instead. Each task
+records its scheme in `meta["split_scheme"]`; a stored task that records none (an old lake's) is checked
+against the contiguous ranges, which is how it was drawn.
 """
 
 from __future__ import annotations
@@ -30,7 +36,7 @@ from typing import Any
 import requests
 
 from trajlake.collect.envs.agentgym_presets import PRESETS, expert_for, get_preset
-from trajlake.collect.envs.agentgym_protocol import Preset, StepReply
+from trajlake.collect.envs.agentgym_protocol import CONTIGUOUS, Preset, StepReply
 from trajlake.collect.envs.registry import register_env
 from trajlake.core.errors import TrajlakeError
 from trajlake.schemas.records import Task
@@ -64,6 +70,13 @@ def task_selector(task: Task) -> int:
     raise ValueError(f"task {task.task_id!r} has no data_idx in meta, no numeric id suffix and no seed")
 
 
+def task_scheme(task: Task) -> str:
+    """The split scheme `task` was drawn by: `task.meta["split_scheme"]`, else CONTIGUOUS (the tasks of lakes
+    written before there were schemes record none, and were drawn from the contiguous ranges)."""
+    meta = task.meta if isinstance(task.meta, dict) else {}
+    return meta.get("split_scheme") or CONTIGUOUS
+
+
 class AgentGymClient:
     """The Env protocol (tasks, reset, step, close) played against one AgentGym env server.
 
@@ -82,10 +95,16 @@ class AgentGymClient:
     max_steps: dict[int, int] = {}  # no difficulty levels: the servers have none
 
     def __init__(self, url: str | None = None, preset: str | Preset | None = None, *, name: str | None = None,
-                 timeout: float = 60.0, connect_timeout: float = 5.0, retries: int = 2, backoff: float = 0.2):
+                 split_scheme: str | None = None, timeout: float = 60.0, connect_timeout: float = 5.0,
+                 retries: int = 2, backoff: float = 0.2):
+        """`split_scheme` names how `tasks` draws a split's data indices ("stratified-v1", "contiguous"; None: the
+        preset's default, `Preset.scheme`)."""
         self.url = url.rstrip("/") if url else None
         self.preset = get_preset(preset or self.default_preset)
         self.name = name or self.preset.env_name
+        if self.preset.send_task and split_scheme is not None:
+            raise ValueError(f"{self.name} lists its tasks itself (GET /tasks); it takes no split_scheme")
+        self.split_scheme = "" if self.preset.send_task else self.preset.scheme(split_scheme)
         self.description, self.action_help = self.preset.instructions, self.preset.action_help
         self.timeout, self.connect_timeout = float(timeout), float(connect_timeout)
         self.retries, self.backoff = int(retries), float(backoff)
@@ -98,19 +117,18 @@ class AgentGymClient:
     # ---- the Env protocol ----------------------------------------------------------------------------
 
     def tasks(self, split: str, n: int | None = None, difficulty: int | None = None) -> list[Task]:
-        """`n` tasks of `split`. trajlake's server lists its own (GET /tasks); AgentGym's list none, so task i of a
-        split is the server's data index `Preset.splits[split][0] + i` (id "agentgym/NAME/SPLIT/INDEX")."""
+        """`n` tasks of `split`. trajlake's server lists its own (GET /tasks); AgentGym's list none, so a task is
+        one of the server's data indices, in the order of `Preset.task_indices` under this client's split scheme
+        (id "agentgym/NAME/SPLIT/INDEX", meta `data_idx` and, where the server has a size, `split_scheme`)."""
         if self.preset.send_task:
             return self._listed_tasks(split, n, difficulty)
-        start, end = self.preset.split_range(split)
+        self.preset.split_range(split)  # an unknown split is refused first, naming the valid ones
         if difficulty is not None:
             raise ValueError(f"{self.name} has no difficulty levels; leave difficulty unset")
-        n = (100 if end is None else end - start) if n is None else n
-        if end is not None and start + n > end:
-            raise ValueError(f"{self.name} split {split!r} has {end - start} tasks (data indices {start}..{end - 1}); "
-                             f"asked for {n}")
-        return [Task(task_id=f"{self.name}/{split}/{i}", env=self.name, split=split, seed=i, meta={"data_idx": i})
-                for i in range(start, start + n)]
+        scheme = {"split_scheme": self.split_scheme} if self.preset.size else {}  # sizeless: contiguous only
+        return [Task(task_id=f"{self.name}/{split}/{i}", env=self.name, split=split, seed=i,
+                     meta={"data_idx": i, **scheme})
+                for i in self.preset.task_indices(split, n, self.split_scheme)]
 
     @property
     def difficulties(self) -> tuple[int, ...]:
@@ -153,7 +171,7 @@ class AgentGymClient:
         self._progress = 0.0
         selector = None if p.send_task else task_selector(task)
         if selector is not None:  # refused before anything reaches the server, which may wrap the index
-            p.check_index(selector, task.split)
+            p.check_index(selector, task.split, task_scheme(task))
         body = dict(p.create_body) if p.create_body is not None else None
         if p.create_task_field:
             body = {**(body or {}), p.create_task_field: selector}
@@ -320,7 +338,9 @@ def register() -> list[str]:
         attrs = {"name": preset.env_name, "default_preset": preset.name, "expert_aliases": (preset.name,),
                  "description": preset.instructions,
                  "action_help": preset.action_help, "splits": tuple(preset.splits),
-                 "split_ranges": {} if preset.send_task else dict(preset.splits),
+                 "split_sizes": {} if preset.send_task else {s: preset.split_size(s) for s in preset.splits},
+                 "split_scheme": "" if preset.send_task else preset.scheme(None),
+                 "split_difficulty": {} if preset.send_task else preset.split_difficulty(preset.scheme(None)),
                  "default_template": preset.template,
                  "__doc__": f"AgentGym's {preset.title} server ({preset.name})."}
         register_env(type(f"AgentGym_{preset.name}", (AgentGymClient,), attrs))

@@ -37,6 +37,12 @@ _TOOL_FORMAT = ("Call one tool per reply. The action line must read: NAME with A
                 "call finish with Action Input: {\"answer\": ...}.")
 
 
+#: TextCraft's goals per crafting min-depth, in its server's order (it sorts its 544 goals by depth): goals 0..124
+#: are depth 1, 125..415 depth 2, 416..532 depth 3, 533..543 depth 4. Read off AgentGym's crafting tree
+#: (`CraftingTree.item_recipes_min_depth(1)`, as its server lists goals); tests/test_agentgym_splits.py checks it.
+TEXTCRAFT_DEPTHS = ((1, 125), (2, 291), (3, 117), (4, 11))
+
+
 def _tool(name: str, title: str, what: str, tools: str, n: int) -> Preset:
     """The five tool-use envs share one server shape: a task is created by index, rewards are progress."""
     return Preset(
@@ -61,7 +67,8 @@ PRESETS: dict[str, Preset] = {p.name: p for p in [
         "get N ITEM | craft N ITEM using N A, N B | inventory",
         win_reward_at_least_one, create_body={}, clean_action=first_line_alnum,
         invalid_prefixes=("Could not", "Wrong item format"), expert=_textcraft_expert, max_turns=30,
-        size=544),  # its server picks goal `data_idx % 544` of the recipe tree's goals, sorted by crafting depth
+        # its server picks goal `data_idx % 544` of the recipe tree's goals, sorted by crafting min-depth
+        size=544, difficulty_profile=TEXTCRAFT_DEPTHS),
     Preset(
         "babyai", "BabyAI",
         "You are in a grid room and must achieve the goal stated in the first message. Each observation "

@@ -9,9 +9,12 @@ per environment, read off AgentGym's own client and server for it (../shared/age
 
 from __future__ import annotations
 
+import functools
+import hashlib
 import itertools
 import re
-from collections.abc import Callable
+from collections import Counter
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -20,14 +23,92 @@ from typing import Any
 #: the low indices; train starts past val and has no end.
 DEFAULT_SPLITS: dict[str, tuple[int, int | None]] = {"test": (0, 100), "val": (100, 200), "train": (200, None)}
 
+#: The split scheme of a server whose data has a size (the default there): its data indices are dealt to the
+#: splits by a seeded permutation stratified by difficulty (`deal_splits`), so every split is drawn from one
+#: distribution. The version names the algorithm and its seed (`STRATIFIED_SEED`): changing either is a new name
+#: (the splits also depend on the preset's name, split sizes and difficulty profile).
+STRATIFIED = "stratified-v1"
+#: Each split is its contiguous range of `Preset.splits`: how trajlake split before STRATIFIED, and so the scheme
+#: of a stored task whose meta names none (old lakes); also AgentGym's published evaluation sets (the low
+#: indices). The only scheme of a server without a size (its tasks are seeds, its train split has no end).
+CONTIGUOUS = "contiguous"
+SPLIT_SCHEMES = (STRATIFIED, CONTIGUOUS)
+STRATIFIED_SEED = 0
+#: Tasks a split without an end gives when no `n` is asked for.
+UNBOUNDED_N = 100
+
 
 def bounded_splits(size: int, test: int = 100, val: int = 100) -> dict[str, tuple[int, int]]:
     """Disjoint splits of a server holding `size` tasks (data indices 0..size-1): test first, then val, train the
     rest, each ending where the next begins and train at `size`, so no index is ever asked past the data (a
-    server that wraps its index, as TextCraft's does, would hand a train episode a test goal)."""
+    server that wraps its index, as TextCraft's does, would hand a train episode a test goal). These ranges are
+    the CONTIGUOUS scheme, and their lengths every scheme's split sizes."""
     if size <= test + val:
         raise ValueError(f"a server of {size} tasks is too small for {test} test and {val} val tasks and a train split")
     return {"test": (0, test), "val": (test, test + val), "train": (test + val, size)}
+
+
+def seeded_key(seed: int, salt: str, index: int) -> bytes:
+    """A random-looking sort key of data index `index`: sorting by it is a seeded permutation. sha256, not
+    `random`, so that the splits are the same on every machine and every Python version."""
+    return hashlib.sha256(f"{seed}/{salt}/{index}".encode()).digest()
+
+
+def deal_splits(strata: Sequence[int], sizes: Mapping[str, int], seed: int, salt: str = "") -> tuple[str, ...]:
+    """The split of each data index (`labels[i]`), exactly `sizes[s]` indices to split s, stratified by `strata`.
+
+    The indices are ordered by (stratum, seeded key), and the labels dealt along that order, each position to the
+    split furthest behind its share of the positions so far ((p + 1) * size / N minus its count; ties to the
+    split named first in `sizes`). Every prefix of that order then holds each split's share to within one, so
+    every stratum (a run of the order, the difference of two prefixes) holds it to within two, usually one;
+    which indices of a stratum go where is the seeded key's choice. A split never runs a whole task past its
+    share, so the last position leaves every split its exact size.
+    """
+    n = len(strata)
+    if sum(sizes.values()) != n:
+        raise ValueError(f"split sizes {dict(sizes)} add up to {sum(sizes.values())}, not the {n} tasks to deal")
+    order = sorted(range(n), key=lambda i: (strata[i], seeded_key(seed, salt, i)))
+    counts = dict.fromkeys(sizes, 0)
+    labels = [""] * n
+    for p, i in enumerate(order):
+        # the deficit times n, in integers: no rounding decides a tie
+        split = max(sizes, key=lambda s: (p + 1) * sizes[s] - counts[s] * n)
+        counts[split] += 1
+        labels[i] = split
+    return tuple(labels)
+
+
+def expand_profile(profile: Sequence[tuple[int, int]]) -> tuple[int, ...]:
+    """The difficulty of each data index from a profile of runs ((difficulty, count), ...) in the server's order."""
+    return tuple(d for d, count in profile for _ in range(count))
+
+
+def index_strata(size: int, profile: Sequence[tuple[int, int]] | None) -> tuple[int, ...]:
+    """What the stratified scheme stratifies by: each index's difficulty where the preset knows it, else its
+    decile in the server's order, so that whatever the server's order means (easy first, by topic, by source),
+    each split holds its share of every part of it."""
+    return expand_profile(profile) if profile else tuple(i * 10 // size for i in range(size))
+
+
+@functools.cache
+def _stratified_labels(name: str, sizes: tuple[tuple[str, int], ...],
+                       profile: tuple[tuple[int, int], ...] | None) -> tuple[str, ...]:
+    """STRATIFIED's split of each data index of preset `name` (cached: presets are frozen)."""
+    size = sum(n for _, n in sizes)
+    return deal_splits(index_strata(size, profile), dict(sizes), STRATIFIED_SEED, name)
+
+
+@functools.cache
+def _stratified_order(name: str, sizes: tuple[tuple[str, int], ...],
+                      profile: tuple[tuple[int, int], ...] | None) -> dict[str, tuple[int, ...]]:
+    """STRATIFIED's splits as their data indices in task order: a second seeded permutation, so that the first n
+    tasks of a split are a random sample of it (not its easiest stratum)."""
+    labels = _stratified_labels(name, sizes, profile)
+    members: dict[str, list[int]] = {s: [] for s, _ in sizes}
+    for i, split in enumerate(labels):
+        members[split].append(i)
+    return {s: tuple(sorted(idx, key=lambda i: seeded_key(STRATIFIED_SEED, f"{name}/order", i)))
+            for s, idx in members.items()}
 
 
 @dataclass(frozen=True)
@@ -164,11 +245,17 @@ class Preset:
     size: int | None = None
     """How many distinct tasks the server holds (data indices 0..size-1): TextCraft's 544 goals, which its server
     picks by index modulo 544, so index 544 is goal 0 again. None where the server's tasks are seeds or its data
-    size is not known: its train split then has no end."""
+    size is not known: its train split then has no end, and its only split scheme is CONTIGUOUS."""
     splits: dict[str, tuple[int, int | None]] | None = None
-    """Task indices per split when the server lists no tasks: split -> (first index, end index). None: the
-    bounded_splits of `size` when there is one, else DEFAULT_SPLITS. Splits never overlap, and with a `size`
-    every split ends within it."""
+    """Each split's contiguous range of data indices: split -> (first index, end index or None). None: the
+    bounded_splits of `size` when there is one, else DEFAULT_SPLITS. Splits never overlap; with a `size` every
+    split ends within it and together they cover it. These ranges are the CONTIGUOUS scheme; their lengths are
+    the split sizes of every scheme (STRATIFIED deals the same number of indices to each split)."""
+    difficulty_profile: tuple[tuple[int, int], ...] | None = None
+    """The difficulty of the server's data in its order, as runs ((difficulty, count), ...) adding up to `size`:
+    what STRATIFIED stratifies by (None: the data index's decile). TextCraft's server sorts its goals by crafting
+    min-depth, so its profile is the count of goals per depth, read once off AgentGym's crafting tree (and
+    checked against it by tests/test_agentgym_splits.py)."""
     max_turns: int = 30
     """A sensible turn cap for this environment (its servers set none of their own, or a large one)."""
     template: str = "react"
@@ -193,34 +280,95 @@ class Preset:
                 raise ValueError(f"preset {self.name}: split {name} ends past the server's {self.size} tasks")
             if end is not None and end <= start:
                 raise ValueError(f"preset {self.name}: split {name} is empty ({start}..{end})")
+        if self.size is not None and sum(end - start for start, end in self.splits.values()) != self.size:
+            raise ValueError(f"preset {self.name}: the splits leave some of the server's {self.size} tasks out; "
+                             "they must cover them all (the stratified scheme deals every task to a split)")
+        if self.difficulty_profile is not None:
+            object.__setattr__(self, "difficulty_profile", tuple((int(d), int(c)) for d, c in self.difficulty_profile))
+            total = sum(count for _, count in self.difficulty_profile)
+            if total != self.size or any(count <= 0 for _, count in self.difficulty_profile):
+                raise ValueError(f"preset {self.name}: difficulty_profile counts {total} tasks in positive runs; "
+                                 f"it must count the server's {self.size}")
 
     @property
     def env_name(self) -> str:
         return f"agentgym/{self.name}"
 
+    @property
+    def split_schemes(self) -> tuple[str, ...]:
+        """The schemes this server's splits can be drawn by, the default first (SPLIT_SCHEMES)."""
+        return SPLIT_SCHEMES if self.size else (CONTIGUOUS,)
+
+    def scheme(self, name: str | None) -> str:
+        """The split scheme `name` (None: this preset's default), checked; ValueError listing the valid ones."""
+        if name is None:
+            return self.split_schemes[0]
+        valid = ", ".join(self.split_schemes)
+        if name not in SPLIT_SCHEMES:
+            raise ValueError(f"unknown split scheme {name!r} for {self.env_name}; valid: {valid}")
+        if name not in self.split_schemes:
+            raise ValueError(f"{self.env_name} has no known data size, so split scheme {name!r} cannot deal it; "
+                             f"valid: {valid}")
+        return name
+
     def split_size(self, split: str) -> int | None:
-        """How many tasks `split` holds; None when it has no end (a server whose data size is unknown)."""
+        """How many tasks `split` holds, under every scheme; None when it has no end (the data size is unknown)."""
         start, end = self.split_range(split)
         return None if end is None else end - start
 
     def split_range(self, split: str) -> tuple[int, int | None]:
-        """(first data index, end index or None) of `split`; ValueError naming the valid splits."""
+        """(first data index, end index or None) of `split` under CONTIGUOUS; ValueError naming the valid splits."""
         if split not in self.splits:
             raise ValueError(f"unknown split {split!r} for {self.env_name}; valid: {', '.join(self.splits)}")
         return self.splits[split]
 
-    def check_index(self, index: int, split: str | None) -> None:
-        """ValueError unless data index `index` lies in `split` (when the split is one of this server's) and in
-        the server's data: an index past either end is refused, never wrapped onto another split's task."""
+    def task_indices(self, split: str, n: int | None, scheme: str) -> list[int]:
+        """The data indices of the first `n` tasks of `split` under `scheme` (n None: all of them, or UNBOUNDED_N
+        where the split has no end). CONTIGUOUS counts up from the split's start (AgentGym's evaluation sets are
+        the low indices); STRATIFIED gives them in a seeded order, so the first n are a random sample of the
+        split. ValueError when `n` is past the split's size."""
+        scheme = self.scheme(scheme)
+        start, _ = self.split_range(split)
+        size = self.split_size(split)
+        n = (UNBOUNDED_N if size is None else size) if n is None else n
+        if size is not None and n > size:
+            raise ValueError(f"{self.env_name} split {split!r} has {size} tasks ({scheme}); asked for {n}")
+        if scheme == CONTIGUOUS:
+            return list(range(start, start + n))
+        return list(_stratified_order(*self._stratified_key())[split][:n])
+
+    def check_index(self, index: int, split: str | None, scheme: str) -> None:
+        """ValueError unless data index `index` lies in the server's data and in `split` under `scheme` (when the
+        split is one of this server's): an index past either is refused, never wrapped onto another split's task."""
         if self.size is not None and not 0 <= index < self.size:
             raise ValueError(f"{self.env_name} has {self.size} tasks (data indices 0..{self.size - 1}); "
                              f"data index {index} is past its end")
-        if split in self.splits:
-            start, end = self.splits[split]
-            if index < start or (end is not None and index >= end):
-                span = f"{start}..{end - 1}" if end is not None else f"{start} and up"
-                raise ValueError(f"{self.env_name} split {split!r} is data indices {span}; data index {index} is "
-                                 "outside it")
+        if split not in self.splits:
+            return
+        if self.scheme(scheme) == STRATIFIED:
+            owner = _stratified_labels(*self._stratified_key())[index]
+            if owner != split:
+                raise ValueError(f"{self.env_name} split {split!r} ({STRATIFIED}) does not hold data index {index}; "
+                                 f"that scheme puts it in {owner!r}")
+            return
+        start, end = self.splits[split]
+        if index < start or (end is not None and index >= end):
+            span = f"{start}..{end - 1}" if end is not None else f"{start} and up"
+            raise ValueError(f"{self.env_name} split {split!r} ({CONTIGUOUS}) is data indices {span}; data index "
+                             f"{index} is outside it")
+
+    def split_difficulty(self, scheme: str) -> dict[str, dict[int, int]]:
+        """split -> {difficulty: tasks} under `scheme`, where the preset knows its data's difficulty (its
+        `difficulty_profile`); {} where it does not."""
+        if not self.difficulty_profile:
+            return {}
+        depth = expand_profile(self.difficulty_profile)
+        return {split: dict(sorted(Counter(depth[i] for i in self.task_indices(split, None, scheme)).items()))
+                for split in self.splits}
+
+    def _stratified_key(self) -> tuple[str, tuple[tuple[str, int], ...], tuple[tuple[int, int], ...] | None]:
+        """What STRATIFIED's splits of this preset depend on, hashable for the caches: name, sizes, profile."""
+        return self.name, tuple((s, self.split_size(s)) for s in self.splits), self.difficulty_profile
 
     def is_valid(self, observation: str) -> bool | None:
         """Whether the step was carried out, judged from its observation; None when this env does not say."""

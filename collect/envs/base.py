@@ -85,9 +85,14 @@ class Env(ABC):
     remote: bool = False
     #: other names `scripted:NAME` may give this env's expert (`textcraft` for `agentgym/textcraft`)
     expert_aliases: tuple[str, ...] = ()
-    #: split -> (first data index, end or None) of a server's env whose tasks are its data indices; empty for
-    #: envs that draw their tasks from seeds (the built-ins: splits never share a seed)
-    split_ranges: dict[str, tuple[int, int | None]] = {}
+    #: split -> how many tasks it holds (None: no end) of a server's env whose tasks are its data indices; empty
+    #: for envs that draw their tasks from seeds (the built-ins: splits never share a seed) or whose server lists
+    #: them. `trajlake envs` shows these, the scheme and the difficulty per split.
+    split_sizes: dict[str, int | None] = {}
+    #: how such a server's data indices are dealt to the splits ("stratified-v1", "contiguous"); "" for the others
+    split_scheme: str = ""
+    #: split -> {difficulty: tasks} where the server's data difficulty is known (TextCraft's crafting depth)
+    split_difficulty: dict[str, dict[int, int]] = {}
 
     def __init__(self, invalid_penalty: float = 0.0):
         """`invalid_penalty` is the reward (<= 0) for an action the env did not understand."""

@@ -43,7 +43,8 @@ def make_env(name: str, **kwargs: Any) -> Env:
 
 
 def env_info() -> list[dict[str, Any]]:
-    """One row per registered env (name, description, actions, remote, splits, difficulties, step limits)."""
+    """One row per registered env (name, description, actions, remote, splits, difficulties, step limits, and a
+    server env's split sizes, split scheme and difficulty per split)."""
     rows = []
     for name in env_names():
         cls = ENVS[name]
@@ -51,5 +52,7 @@ def env_info() -> list[dict[str, Any]]:
                      "remote": bool(getattr(cls, "remote", False)),
                      "splits": list(getattr(cls, "splits", SPLITS)), "difficulties": sorted(cls.max_steps),
                      "max_steps": dict(sorted(cls.max_steps.items())),
-                     "split_ranges": dict(getattr(cls, "split_ranges", {}))})
+                     "split_sizes": dict(getattr(cls, "split_sizes", {})),
+                     "split_scheme": getattr(cls, "split_scheme", ""),
+                     "split_difficulty": dict(getattr(cls, "split_difficulty", {}))})
     return rows
