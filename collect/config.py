@@ -220,6 +220,10 @@ class CollectConfig(RolloutConfig):
     """How many tasks of the split to play (the first N after `task_offset`, difficulties interleaved)."""
     task_offset: int = 0
     """Skip this many tasks of the split first (the train loop moves on through the split every iteration)."""
+    task_positions: tuple[int, ...] = added_later(())
+    """Play exactly these tasks: their positions in the split's task list (0 is its first task), in this order;
+    then `tasks` must be their number and task_offset 0. What a train run's task_selector chose, recorded with
+    the collect run. Empty: the first `tasks` after task_offset."""
     samples: int = 1
     """Samples per task (K); the K episodes of a task share a group_id (GRPO groups)."""
     run_id: str | None = operational(None)
@@ -269,6 +273,11 @@ class CollectConfig(RolloutConfig):
             (self.chunk_turns >= 1, f"chunk_turns must be >= 1, got {self.chunk_turns}"),
             (self.chunk_seconds > 0, f"chunk_seconds must be > 0, got {self.chunk_seconds}"),
             ("url" not in self.env_kwargs, "the env server's URL is env_url, not env_kwargs['url']"),
+            (not self.task_positions or (len(self.task_positions) == self.tasks and self.task_offset == 0),
+             f"task_positions ({len(self.task_positions)} given) needs tasks equal to their number and task_offset 0"),
+            (all(0 <= p < MAX_TASK_INDEX for p in self.task_positions)
+             and len(set(self.task_positions)) == len(self.task_positions),
+             f"task_positions must be distinct positions in [0, {MAX_TASK_INDEX:_})"),
         ]
         for ok, message in checks:
             if not ok:
@@ -323,9 +332,10 @@ class CollectConfig(RolloutConfig):
 # no progress bar; the run id is the key itself).
 #: the order a refused resume names the fields that differ in: what is played, by whom, how it samples, the
 #: episode's rules, its prompt, where the run belongs (a field not listed follows, in declaration order)
-REFUSAL_ORDER = ("env", "env_kwargs", "policy", "split", "tasks", "task_offset", "samples", "difficulty",
-                 "max_turns", "temperature", "top_p", "max_new_tokens", "seed", "template", "on_format_error",
-                 "max_context_tokens", "truncation", "system_prompt", "tokenizer", "run_kind", "parent_run_id")
+REFUSAL_ORDER = ("env", "env_kwargs", "policy", "split", "tasks", "task_offset", "task_positions", "samples",
+                 "difficulty", "max_turns", "temperature", "top_p", "max_new_tokens", "seed", "template",
+                 "on_format_error", "max_context_tokens", "truncation", "system_prompt", "tokenizer", "run_kind",
+                 "parent_run_id")
 #: the fields that identify a collect run (every field not declared `operational`), in REFUSAL_ORDER
 RUN_FIELDS = run_fields(CollectConfig, REFUSAL_ORDER)
 #: the fields declared `operational`: how a run is carried out, which a restart may change

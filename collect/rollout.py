@@ -150,6 +150,9 @@ class Rollout:
     # ---- setup ---------------------------------------------------------------------------------
     def _tasks(self) -> list[Task]:
         c = self.config
+        if c.task_positions:  # a train run's task selector chose them
+            listed = self.probe_env.tasks(c.split, n=max(c.task_positions) + 1, difficulty=c.difficulty)
+            return [listed[p] for p in c.task_positions]
         tasks = self.probe_env.tasks(c.split, n=c.task_offset + c.tasks, difficulty=c.difficulty)[c.task_offset:]
         if not tasks:
             raise TrajlakeError(f"env {c.env} split {c.split!r} has no tasks after task_offset {c.task_offset}")

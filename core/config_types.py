@@ -123,11 +123,13 @@ def operational(default: Any = dataclasses.MISSING, *, default_factory: Any = da
     return dataclasses.field(default=default, default_factory=default_factory, metadata={OPERATIONAL: True})
 
 
-def added_later(default: Any) -> Any:
+def added_later(default: Any, *, before: Any = dataclasses.MISSING) -> Any:
     """A dataclass field that identifies a run but was added after runs were stored, all of them made at
-    `default` (the value that keeps the old meaning): a stored config that lacks it compares as `default`, and a
-    run id hashed from the settings leaves it out while it is `default`."""
-    return dataclasses.field(default=default, metadata={BEFORE: default})
+    `before` (the value that keeps the old meaning; `default` when not given, i.e. the new field's default keeps
+    the old behaviour): a stored config that lacks it compares as `before`, and a run id hashed from the settings
+    leaves it out while it is `before`."""
+    old = default if before is dataclasses.MISSING else before
+    return dataclasses.field(default=default, metadata={BEFORE: old})
 
 
 def run_fields(cls: type, order: tuple[str, ...] = ()) -> tuple[str, ...]:

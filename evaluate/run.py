@@ -151,11 +151,12 @@ def eval_collect_config(config: EvalConfig, policy: str, run_id: str, *, parent_
 
 
 def success_rate(lake: Lake, run_id: str) -> dict[str, float]:
-    """`eval_success` and `eval_env_reward` of an eval run: the means over its episodes that did not end in an
-    env error (those say nothing of the policy)."""
-    row = lake.query("SELECT avg(success::INT) AS s, avg(env_reward) AS e FROM episodes WHERE run_id = ? "
-                     "AND status IS DISTINCT FROM 'error'", [run_id]).to_dicts()[0]
-    return {"eval_success": float(row["s"] or 0.0), "eval_env_reward": float(row["e"] or 0.0)}
+    """`eval_success` and `eval_env_reward` of an eval run: the means over its `eval_episodes` episodes that did
+    not end in an env error (those say nothing of the policy)."""
+    row = lake.query("SELECT avg(success::INT) AS s, avg(env_reward) AS e, count(*) AS n FROM episodes "
+                     "WHERE run_id = ? AND status IS DISTINCT FROM 'error'", [run_id]).to_dicts()[0]
+    return {"eval_success": float(row["s"] or 0.0), "eval_env_reward": float(row["e"] or 0.0),
+            "eval_episodes": int(row["n"])}
 
 
 def _play(cc, lake: Lake) -> None:

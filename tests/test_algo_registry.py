@@ -178,8 +178,8 @@ def test_a_new_algo_is_one_registration(scratch):
     assert ALGOS["reinforce"] is algo and isinstance(algo, Algo)
     cfg = TrainConfig(model="m", algo="reinforce")
     assert cfg.advantage_name == "reinforce_plus_plus" and algo.counter == "iterations"
-    assert not algo.needs_critic and algo.needs_reference(cfg) is False
-    assert algo.needs_reference(cfg.replace(kl_coef=0.1)) is True
+    assert not algo.needs_critic and algo.needs_reference(cfg) is True  # the default KL anchor
+    assert algo.needs_reference(cfg.replace(kl_coef=0.0)) is False
     assert TrainConfig(model="m", algo="reinforce", advantage="rloo").advantage_name == "rloo"
     with pytest.raises(ConfigError, match="advantage gae needs a critic: use algo ppo"):
         TrainConfig(model="m", algo="reinforce", advantage="gae")

@@ -228,14 +228,16 @@ def test_iterations_without_a_learning_signal_say_so_and_warn(model, lake, tmp_p
     metrics = [s["metrics"] for s in _steps(lake, "flat")]
     assert [m["signal_rows"] for m in metrics] == [0.0, 0.0]
     assert [m["no_signal_streak"] for m in metrics] == [1, 2]
-    assert "warning" not in metrics[0] and "2 iterations in a row without a learning signal" in metrics[1]["warning"]
+    assert [m["outcome_groups"] for m in metrics] == [0.0, 0.0]
+    assert "warning" not in metrics[0] and "2 iterations in a row without an outcome signal" in metrics[1]["warning"]
+    assert "0 of 2 groups had samples that differ in success; nothing trained" in metrics[1]["warning"]
     err = capsys.readouterr().err
-    assert "warning: train flat: 2 iterations in a row without a learning signal" in err
+    assert "warning: train flat: 2 iterations in a row without an outcome signal" in err
     # the same rows, readable while a run holds a DuckDB-file lake: <checkpoint_dir>/<run>/metrics.jsonl
     logged = [json.loads(line) for line in (Path("ckpt") / "flat" / "metrics.jsonl").read_text().splitlines()]
     assert [(row["step"], row["policy_id"]) for row in logged] == [(1, "flat/step-1"), (2, "flat/step-2")]
     assert [row["metrics"] for row in logged] == metrics
-    assert any(cause in err for cause in ("no episode succeeded", "every episode succeeded", "scored the same"))
+    assert any(cause in err for cause in ("no episode succeeded", "every episode succeeded", "all won or all lost"))
 
 
 def test_no_signal_causes():
@@ -243,4 +245,5 @@ def test_no_signal_causes():
 
     assert "warm-start" in no_signal_cause({"success_mean": 0.0}, 1.0)
     assert "harder tasks" in no_signal_cause({"success_mean": 1.0}, 1.0)
-    assert "raise the temperature (now 0.3)" in no_signal_cause({"success_mean": 0.5}, 0.3)
+    assert "or the temperature (now 0.3)" in no_signal_cause({"success_mean": 0.5}, 0.3)
+    assert "task_selector learnable" in no_signal_cause({"success_mean": 0.0}, 1.0)

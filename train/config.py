@@ -39,6 +39,7 @@ from trajlake.train.config_checks import (  # noqa: F401  (the constants are thi
     ConfigError,
     check_numbers,
     check_train_config,
+    group_filter_of,
 )
 
 #: the train configs the package ships (the recipes' and the docs')
@@ -82,9 +83,18 @@ class TrainConfig(RolloutConfig):
     tasks: int = 16
     """Tasks per iteration."""
     rotate_tasks: bool = True
-    """Iteration i plays tasks [i * tasks, (i + 1) * tasks) of the split, so no two iterations repeat a task
-    (OpenManus-RL replays the same ones every step), around again from the start of a split with an end (an
-    AgentGym server's train split); False plays the first `tasks` every iteration."""
+    """With task_selector rotation: iteration i plays tasks [i * tasks, (i + 1) * tasks) of the split, so no two
+    iterations repeat a task (OpenManus-RL replays the same ones every step), around again from the start of a
+    split with an end (an AgentGym server's train split); False plays the first `tasks` every iteration."""
+    task_selector: str = added_later("rotation")
+    """Which tasks each iteration plays (train/task_select.py): `rotation` (the next block of the split, see
+    rotate_tasks), `learnable` (a query over the lake's own history: the tasks of the split's first
+    task_pool that this run's policies sometimes win, then those never played, then the rest; train/queries/
+    learnable.sql), or the path of a .sql file of your own (the same parameters; copy learnable.sql to start).
+    The tasks each iteration played are recorded in its collect run, so a run replays as it was."""
+    task_pool: int = added_later(0)
+    """With a query task_selector: how many tasks of the split (its first N) it chooses from; 0: the whole split
+    (a split without an end needs a number)."""
     samples: int = 4
     """Samples per task: the group size K of GRPO (>= 2 for grpo, else every advantage is 0)."""
     iterations: int = operational(10)
@@ -104,6 +114,10 @@ class TrainConfig(RolloutConfig):
     """Split of the held-out tasks."""
     eval_tasks: int = 32
     """Held-out tasks per evaluation."""
+    stop_on_regression: bool = operational(True)
+    """With eval_every: stop the run (finished, the reason in its last train_steps row) when an evaluation's
+    success falls below the 95% Wilson lower bound of the first one (the starting policy's), so RL never ends
+    a long run below where it started. The best checkpoint on the eval split is `best_eval_policy`."""
 
     # ---- stored rollouts (instead of collecting) -------------------------------------------------------
     train_filter: str | None = None
@@ -154,6 +168,13 @@ class TrainConfig(RolloutConfig):
     turn_baseline: str = "none"
     """turn_reinforce: what each turn's discounted return is compared with: none, turn (the group's mean at the
     same turn number) or episode (the group's mean episode return)."""
+    group_filter: str | None = added_later(None, before="all")
+    """Which GRPO groups the update learns from (train.algos.GROUP_FILTERS): `outcome_differs` keeps only the
+    groups whose samples' success differs (DAPO's dynamic sampling; GiGPO and RAGEN do the same): a group all won
+    or all lost has no outcome to learn from, and its shaping differences alone, divided by the group's small
+    std, would get a win's weight. `all` keeps every group. None: the algo's default for an estimator that
+    compares a group's samples (grpo: outcome_differs; ppo: all), `all` for a token-level one. Each iteration
+    records the share of groups with an outcome difference (`outcome_groups`)."""
     drop_zero_advantage: bool = True
     """Leave out of the actor's update the sequences whose advantage is 0 on every token (GRPO groups whose
     samples all scored the same, DAPO's dynamic-sampling filter): they add no policy gradient, but a step on
@@ -165,8 +186,10 @@ class TrainConfig(RolloutConfig):
     sees (measured in the re-score-and-retrain workflow of docs/rewards.md)."""
     entropy_coef: float = 0.0
     """Entropy bonus weight (loss -= entropy_coef * entropy)."""
-    kl_coef: float = 0.0
-    """KL(pi || ref) weight; > 0 loads a frozen reference model (the starting model)."""
+    kl_coef: float = 0.001
+    """KL(pi || ref) weight, an anchor to the starting policy; > 0 loads a frozen reference model (the starting
+    model) and costs one more forward pass per sequence. 0.001 with k3 is verl's GRPO setting (verl-agent's
+    GiGPO uses 0.01); 0 turns the anchor off."""
     kl_estimator: str = "k3"
     """KL estimator (train.algos.KL_ESTIMATORS): k1, k2, k3, abs."""
     kl_mode: str = "loss"
@@ -193,8 +216,13 @@ class TrainConfig(RolloutConfig):
     """ppo: iterations that train only the critic."""
 
     # ---- optimisation ---------------------------------------------------------------------------------
-    lr: float = 1e-5
-    """Actor learning rate (AdamW)."""
+    lr: float = 1e-6
+    """Actor learning rate (AdamW). 1e-6 is what AgentGym-RL, GiGPO and RAGEN use to fine-tune full weights with
+    RL: Adam's first steps move every weight by about lr whatever the gradient, so 1e-5 on a noisy batch moves
+    a pretrained policy far (SFT wants more: set it per run)."""
+    lr_warmup_steps: int = added_later(0)
+    """Optimizer steps over which the actor's lr rises linearly to lr (DeepSpeed's WarmupLR: the first step at
+    lr / N, lr from step N on); 0: none, as verl's default. A resume without save_optimizer warms up again."""
     weight_decay: float = 0.0
     """AdamW weight decay."""
     epochs: int = 1
@@ -246,6 +274,11 @@ class TrainConfig(RolloutConfig):
         check_train_config(self)
 
     # ---- derived ------------------------------------------------------------------------------------
+    @property
+    def group_filter_name(self) -> str:
+        """The group filter used (the algo's registered default when `group_filter` is None)."""
+        return group_filter_of(self.algo, self.advantage, self.group_filter)
+
     @property
     def advantage_name(self) -> str:
         """The advantage estimator used (the algo's registered default when `advantage` is None)."""
@@ -301,6 +334,10 @@ class TrainConfig(RolloutConfig):
                 return f"{old} (spec {stored['reward_spec_id']})", f"{new} (spec {spec_id})"
             if name == "advantage":  # None is the algo's default: compare the estimators actually used
                 return old or DEFAULT_ADVANTAGE.get(stored.get("algo", self.algo), old), self.advantage_name
+            if name == "group_filter":  # likewise (a run stored before the filter existed kept every group)
+                algo = stored.get("algo", self.algo)
+                used = old or (group_filter_of(algo, stored.get("advantage"), old) if algo in ALGOS else old)
+                return used, self.group_filter_name
             return old, new
 
         return differences(stored, self, adjust=adjust)

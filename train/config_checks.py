@@ -14,7 +14,15 @@ from typing import Any
 
 from trajlake.core.errors import TrajlakeError
 from trajlake.core.ids import InvalidIdError, check_id
-from trajlake.train.algos import ADVANTAGES, AGG_MODES, KL_CONTROLLERS, KL_ESTIMATORS, POLICY_LOSSES, VALUE_LOSSES
+from trajlake.train.algos import (
+    ADVANTAGES,
+    AGG_MODES,
+    GROUP_FILTERS,
+    KL_CONTROLLERS,
+    KL_ESTIMATORS,
+    POLICY_LOSSES,
+    VALUE_LOSSES,
+)
 from trajlake.train.algos.algorithms import ALGOS, DEFAULT_ADVANTAGE, RL_LOOP, SFT_LOOP, algos_accepting
 from trajlake.train.algos.turns import TURN_BASELINES
 from trajlake.train.trackers import TRACKERS
@@ -148,6 +156,27 @@ def check_train_config(c: CheckedConfig) -> None:
     if ALGOS[c.algo].uses_advantages and c.samples < group:
         raise ConfigError(f"train config: {adv} compares the samples of a task: samples must be >= {group}, "
                           f"got {c.samples}")
+    _check_group_filter(c)
+
+
+def group_filter_of(algo: str, advantage: str | None, group_filter: str | None) -> str:
+    """The group filter a run uses: the one given, else the algo's default for an estimator that compares a group's
+    samples, and `all` for one that does not (a token-level estimator may play one sample per task)."""
+    if group_filter:
+        return group_filter
+    estimator = ADVANTAGES.get(advantage or DEFAULT_ADVANTAGE.get(algo, ""))
+    return ALGOS[algo].default_group_filter if estimator is not None and estimator.group_relative else "all"
+
+
+def _check_group_filter(c: CheckedConfig) -> None:
+    """The group filter is registered, and the run has the samples per task it compares (its entry says)."""
+    name = group_filter_of(c.algo, c.advantage, c.group_filter)
+    if name not in GROUP_FILTERS:
+        raise ConfigError(f"train config: unknown group_filter {name!r}; valid: {', '.join(GROUP_FILTERS.names())}")
+    need = GROUP_FILTERS[name].min_samples
+    if ALGOS[c.algo].uses_advantages and c.samples < need:
+        raise ConfigError(f"train config: group_filter {name} keeps the groups whose samples' outcomes differ: "
+                          f"samples must be >= {need}, got {c.samples} (or set group_filter = \"all\")")
 
 
 def _check_advantage(c: CheckedConfig, adv: str) -> None:

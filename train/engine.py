@@ -45,6 +45,11 @@ def ds_config(cfg: TrainConfig, world: int, *, lr: float | None = None, optimize
         if device().type in FUSED_ADAM_DEVICES:
             params["fused"] = True
         conf["optimizer"] = {"type": "AdamW", "params": params}
+        if lr is None and cfg.lr_warmup_steps:  # the actor's lr only (a critic passes its own)
+            conf["scheduler"] = {"type": "WarmupLR", "params": {
+                # the first step at lr / N (from 0, DeepSpeed's first step would be wasted), lr from step N on
+                "warmup_min_lr": cfg.lr / cfg.lr_warmup_steps, "warmup_max_lr": cfg.lr,
+                "warmup_num_steps": cfg.lr_warmup_steps, "warmup_type": "linear"}}
     return conf
 
 

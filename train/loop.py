@@ -27,6 +27,7 @@ from trajlake.train.batch import check_episode_filter, collate, load_episodes
 from trajlake.train.config import ConfigError, TrainConfig
 from trajlake.train.distributed import barrier, broadcast, init_distributed
 from trajlake.train.episode_sources import FreshRollouts, IterationEpisodes, StoredRollouts
+from trajlake.train.eval_guard import EvalPoint, eval_points, regression, stopped_reason
 from trajlake.train.finite import NonFiniteError
 from trajlake.train.progress import NoSignalStreak, TrainProgress
 from trajlake.train.rollouts import eval_config, evaluate, rollout_config
@@ -81,7 +82,10 @@ def train(config: TrainConfig, lake: Lake | None) -> RunResult:
                 if r.main:
                     r.commit(step=0, metrics=m, snapshot_read=None)
                 result.history.append(m)
-            while r.step < c.iterations:
+            guard = on_main(r.main, lambda: _guard_state(r))
+            if guard["stopped"] and r.main:
+                bar.warn(f"stopped earlier: {guard['stopped']}; a new run id trains again")
+            while r.step < c.iterations and not guard["stopped"]:
                 it = r.step
                 t0 = time.perf_counter()
                 got: IterationEpisodes = broadcast(source.episodes(it) if r.main else None)
@@ -102,6 +106,12 @@ def train(config: TrainConfig, lake: Lake | None) -> RunResult:
                 row, path = r.checkpoint(engines, {"step": r.step, "kl_controller": kl_ctl.state_dict()})
                 if c.eval_every and (r.step % c.eval_every == 0 or r.step == c.iterations):
                     metrics.update(evaluate(r, engines, row.policy_id, str(path), r.step))
+                    now = EvalPoint(r.step, metrics["eval_success"], metrics["eval_episodes"])
+                    why = regression(guard["start"], now) if c.stop_on_regression else None
+                    if why:
+                        metrics["stopped"] = guard["stopped"] = why
+                        if r.main:
+                            bar.warn(f"stopping: {why}")
                 if r.main:
                     r.commit(step=r.step, metrics=metrics, snapshot_read=got.snapshot, policy=row,
                              spec_id=spec.spec_id, episode_ids=tuple(s.episode_id for s in got.seqs))
@@ -115,6 +125,13 @@ def train(config: TrainConfig, lake: Lake | None) -> RunResult:
         r.fail(e)
         raise
     return result
+
+
+def _guard_state(r: TrainRun) -> dict[str, Any]:
+    """Rank 0: the run's start evaluation (its step-0 row) and, for a run restarted after it stopped on a
+    regression, why it stopped."""
+    start = next((p for p in eval_points(r.lake, r.run_id) if p.step == 0), None)
+    return {"start": start, "stopped": stopped_reason(r.lake, r.run_id)}
 
 
 def check_before_writing(r: TrainRun, spec) -> None:

@@ -13,7 +13,8 @@ from rich.markup import escape
 from trajlake.core.progress import StepProgress
 
 #: metric -> label, in the order shown
-SHOWN = {"reward_mean": "reward", "success_mean": "success", "signal_rows": "signal", "eval_success": "eval",
+SHOWN = {"reward_mean": "reward", "success_mean": "success", "outcome_groups": "groups+-", "signal_rows": "signal",
+         "eval_success": "eval",
          "loss": "loss",
          "pg_loss": "pg", "critic_vf_loss": "vf", "nll": "nll", "kl": "kl", "entropy": "ent",
          "pg_clipfrac": "clip", "grad_norm": "|g|", "train_tokens_per_s": "tok/s"}
@@ -24,32 +25,37 @@ NO_SIGNAL_WARN = 3
 
 
 def no_signal_cause(metrics: dict, temperature: float) -> str:
-    """Why an iteration's advantages were all zero, from its metrics: the likely cause and what to change."""
+    """Why no group of an iteration had an outcome difference, from its metrics: the likely cause and what to
+    change."""
     success = metrics.get("success_mean")
     if success == 0:
-        return ("no episode succeeded, so every group's rewards are equal: warm-start the policy (SFT), play "
-                "easier tasks, or add a shaped reward (process or format components)")
+        return ("no episode succeeded: warm-start the policy (SFT), play tasks it sometimes wins (task_selector "
+                "learnable), or lower the sampling temperature if it breaks the policy")
     if success == 1:
         return "every episode succeeded: the tasks are solved; play harder tasks (difficulty) or stop"
-    return (f"the samples of each task scored the same: raise the temperature (now {temperature:g}) or the "
-            "samples per task, or use a reward that tells episodes apart")
+    return (f"each task's samples all won or all lost: raise the samples per task or the temperature (now "
+            f"{temperature:g}), or play tasks the policy sometimes wins (task_selector learnable)")
 
 
 class NoSignalStreak:
-    """Counts the iterations in a row whose update had no learning signal (every advantage 0) and, from the
-    NO_SIGNAL_WARN-th on, says why in the iteration's metrics (`no_signal_streak`, `warning`)."""
+    """Counts the iterations in a row without an outcome signal (no group whose samples' success differs, so
+    no outcome gradient, whatever the shaping terms did) and, from the NO_SIGNAL_WARN-th on, says why in the
+    iteration's metrics (`no_signal_streak`, `warning`)."""
 
     def __init__(self, temperature: float) -> None:
         self.temperature, self.count = temperature, 0
 
     def update(self, metrics: dict) -> str | None:
         """Record `metrics`' iteration; the warning added to them, if any."""
-        self.count = self.count + 1 if metrics.get("signal_rows", 1.0) == 0 else 0
+        self.count = self.count + 1 if metrics.get("outcome_groups", 1.0) == 0 else 0
         metrics["no_signal_streak"] = self.count
         if self.count < NO_SIGNAL_WARN:
             return None
-        metrics["warning"] = (f"{self.count} iterations in a row without a learning signal (every advantage 0, "
-                              f"nothing trained): {no_signal_cause(metrics, self.temperature)}")
+        groups = int(metrics.get("groups", 0))
+        trained = "nothing trained" if metrics.get("signal_rows", 0) == 0 else "only shaping rewards trained on"
+        metrics["warning"] = (f"{self.count} iterations in a row without an outcome signal (0 of {groups} groups "
+                              f"had samples that differ in success; {trained}): "
+                              f"{no_signal_cause(metrics, self.temperature)}")
         return metrics["warning"]
 
 

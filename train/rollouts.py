@@ -39,7 +39,7 @@ def rollout_config(r: TrainRun, policy_id: str, it: int):
     """The collect run of iteration `it` (from 0) of this train run (collect's own checks run on it): the
     train config's rollout settings, sampled with seed + it, at the horizon curriculum's turn cap of that
     iteration (`TrainConfig.turns_at`: max_turns when it is off), on the next `tasks` tasks of the split
-    (`rotation_offset`)."""
+    (`rotation_offset`) or those the run's task_selector query chooses (`selected_positions`)."""
     from dataclasses import replace
 
     from trajlake.collect.config import CollectConfig, rollout_fields
@@ -50,10 +50,34 @@ def rollout_config(r: TrainRun, policy_id: str, it: int):
                                         max_turns=c.turns_at(it)),
                        policy=f"policy:{policy_id}", tasks=c.tasks, samples=c.samples, seed=c.seed + it,
                        run_id=f"{r.run_id}/it-{it + 1}", progress=False, run_kind="collect", parent_run_id=r.run_id)
+    env = make_env(cc.env, **cc.env_args)
+    if c.task_selector != "rotation":
+        return replace(cc, task_positions=selected_positions(r, env, cc, it))
     if not c.rotate_tasks:
         return cc
-    size = make_env(cc.env, **cc.env_args).split_size(cc.split)
-    return replace(cc, task_offset=rotation_offset(it, c.tasks, size))
+    return replace(cc, task_offset=rotation_offset(it, c.tasks, env.split_size(cc.split)))
+
+
+def selected_positions(r: TrainRun, env, cc, it: int) -> tuple[int, ...]:
+    """The tasks iteration `it` plays under a query task_selector: those its collect run recorded when it was
+    begun already (a restarted iteration plays what it started), else the query's first `tasks` over the
+    split's first task_pool tasks, as the lake is now."""
+    from trajlake.store import runs
+    from trajlake.train.task_select import TaskSelectorError, select_positions, selector_query
+
+    c = r.cfg
+    begun = runs.stored(r.lake, cc.run_id)
+    if begun is not None and begun.config.get("task_positions"):
+        return tuple(begun.config["task_positions"])
+    pool = c.task_pool or env.split_size(cc.split)
+    if pool is None:
+        raise TaskSelectorError(f"task_selector {c.task_selector}: split {cc.split!r} of {cc.env} has no end; set "
+                                "task_pool (how many of its first tasks to choose from)")
+    if pool < c.tasks:
+        raise TaskSelectorError(f"task_selector {c.task_selector}: task_pool {pool} is smaller than tasks {c.tasks}")
+    candidates = env.tasks(cc.split, n=pool, difficulty=cc.difficulty)
+    return select_positions(r.lake, selector_query(c.task_selector), c.task_selector, candidates, run_id=r.run_id,
+                            iteration=it + 1, n=c.tasks, samples=c.samples, start_policy=r.start_pid)
 
 
 def eval_config(r: TrainRun, policy_id: str, step: int):

@@ -18,12 +18,14 @@ import torch
 from trajlake.core.errors import TrajlakeError
 from trajlake.train.algos import (
     ADVANTAGES,
+    GROUP_FILTERS,
     POLICY_LOSSES,
     VALUE_LOSSES,
     aggregate,
     apply_kl_penalty,
     kl_penalty,
     masked_mean,
+    outcome_groups,
 )
 from trajlake.train.batch import Batch, collate
 from trajlake.train.config import TrainConfig
@@ -103,8 +105,14 @@ def turn_inputs(name: str, batch: Batch, cfg: TrainConfig) -> dict:
 
 
 def prepare(engines: Engines, batch: Batch, cfg: TrainConfig, kl_ctl) -> tuple[Prepared, dict[str, float]]:
-    """Old and reference log-probs, values, KL penalty, advantages for a batch (no gradient)."""
-    metrics: dict[str, float] = {}
+    """Old and reference log-probs, values, KL penalty, advantages for a batch (no gradient). The rows of the
+    groups cfg's group filter leaves out get advantage 0 (`outcome_groups`: the share of groups whose samples'
+    success differs)."""
+    keep = GROUP_FILTERS[cfg.group_filter_name](success=batch.success, group_ids=batch.group_ids)
+    _, differ, groups = outcome_groups(batch.success, batch.group_ids)
+    metrics: dict[str, float] = {"outcome_groups": differ / groups if groups else 0.0, "groups": float(groups),
+                                 "groups_kept": float(len({g for g, k in zip(batch.group_ids, keep.tolist(),
+                                                                             strict=True) if k}))}
     mask = batch.loss_mask
     behaviour = torch.nan_to_num(batch.behaviour_logprobs, nan=0.0)
     has_behaviour = ~torch.isnan(batch.behaviour_logprobs) | (mask == 0)
@@ -133,7 +141,7 @@ def prepare(engines: Engines, batch: Batch, cfg: TrainConfig, kl_ctl) -> tuple[P
         metrics["behaviour_kl"] = float((behaviour - old)[both].mean())  # k1 estimate of KL(mu || pi_old)
     ref = None
     rewards = batch.token_rewards.clone()
-    if engines.ref is not None:
+    if engines.ref is not None and (bool(keep.any()) or cfg.kl_mode == "reward" or not cfg.drop_zero_advantage):
         ref = per_token(batch, cfg, lambda s: forward_logprobs(engines.ref, s.input_ids, s.attention_mask,
                                                                   temperature=cfg.temperature)[0], engines)
         if cfg.kl_mode == "reward":
@@ -149,6 +157,7 @@ def prepare(engines: Engines, batch: Batch, cfg: TrainConfig, kl_ctl) -> tuple[P
         token_level_rewards=rewards, mask=mask, values=values, group_ids=batch.group_ids, gamma=cfg.gamma,
         lam=cfg.lam, whiten=cfg.whiten_advantages, norm_by_std=cfg.norm_adv_by_std,
         **turn_inputs(cfg.advantage_name, batch, cfg))
+    adv = torch.where(keep.to(adv.device).unsqueeze(-1), adv, torch.zeros_like(adv))
     m = mask > 0
     if cfg.advantage_floor is not None:
         floored = (adv < cfg.advantage_floor) & m
@@ -311,7 +320,7 @@ def rl_update(engines: Engines, prep: Prepared, cfg: TrainConfig, kl_ctl, *, see
     out = meter.result()
     if prep.ref_logprobs is not None and cfg.kl_mode == "loss" and "kl" in out:
         kl_ctl.update(out["kl"], batch.size)
-    out["kl_coef"] = float(kl_ctl.value) if prep.ref_logprobs is not None else 0.0
+    out["kl_coef"] = float(kl_ctl.value) if engines.ref is not None else 0.0
     out["train_tokens_per_s"] = tokens / max(time.perf_counter() - t0, 1e-9)
     return out
 

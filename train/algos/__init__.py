@@ -35,6 +35,8 @@ Registries (:class:`trajlake.core.registry.Registry`), keyed by name (``REGISTRY
   elementwise (B, T) estimates of KL(pi || ref) from tokens sampled from pi.
 - :data:`AGG_MODES`: ``token-mean``, ``seq-mean-token-sum``, ``seq-mean-token-mean``,
   ``seq-mean-token-sum-norm``: (B, T) loss matrix + mask -> scalar.
+- :data:`GROUP_FILTERS`: ``outcome_differs``, ``all`` (:mod:`.groups`): which groups' advantages an update
+  keeps (only those whose samples' success differs, or every one).
 - :data:`KL_CONTROLLERS`: ``fixed`` (:class:`FixedKLController`), ``adaptive`` (:class:`AdaptiveKLController`).
 
 Helpers: :func:`masked_sum`, :func:`masked_mean`, :func:`masked_var`, :func:`masked_whiten`,
@@ -90,6 +92,7 @@ from trajlake.train.algos.core import (
     masked_whiten,
     register_advantage,
 )
+from trajlake.train.algos.groups import GROUP_FILTERS, GroupFilter, outcome_groups, register_group_filter
 from trajlake.train.algos.kl import (
     AdaptiveKLController,
     FixedKLController,
@@ -114,6 +117,7 @@ from trajlake.train.algos.turns import compute_gigpo, compute_turn_gae, compute_
 __all__ = [
     "Registry", "UnknownNameError", "LOG_RATIO_CLAMP",
     "ALGOS", "Algo", "register_algo", "RL_LOOP", "SFT_LOOP", "Advantage", "register_advantage",
+    "GROUP_FILTERS", "GroupFilter", "outcome_groups", "register_group_filter",
     "ADVANTAGES", "POLICY_LOSSES", "VALUE_LOSSES", "KL_ESTIMATORS", "AGG_MODES", "KL_CONTROLLERS",
     "masked_sum", "masked_mean", "masked_var", "masked_whiten", "aggregate",
     "compute_gae", "compute_grpo", "compute_dr_grpo", "compute_rloo", "compute_reinforce_plus_plus",

@@ -40,12 +40,14 @@ class Algo:
     estimator a config without ``advantage`` uses (an SFT run computes none; its default is what its stored
     config names). ``needs_critic``: the RL loop trains a value model beside the policy, and the algo accepts
     exactly the estimators that read one (an algo without a critic accepts exactly those that do not).
+    ``default_group_filter``: the group filter (GROUP_FILTERS) a config without ``group_filter`` uses.
     ``description``: one line for listings."""
 
     loop: str
     default_advantage: str
     needs_critic: bool = False
     description: str = ""
+    default_group_filter: str = "all"
 
     def __post_init__(self):
         if self.loop not in LOOP_COUNTERS:
@@ -78,11 +80,11 @@ ALGOS: Registry[Algo] = Registry("algo")
 
 
 def register_algo(name: str, *aliases: str, loop: str, default_advantage: str, needs_critic: bool = False,
-                  description: str = "") -> Algo:
+                  description: str = "", default_group_filter: str = "all") -> Algo:
     """Register an :class:`Algo` under ``name`` (and ``aliases``) and return it. Its default estimator must be
     registered and accepted by it (a programming error otherwise: ValueError, or UnknownNameError naming the
     valid estimators)."""
-    algo = Algo(loop, default_advantage, needs_critic, description)
+    algo = Algo(loop, default_advantage, needs_critic, description, default_group_filter)
     if not algo.accepts(ADVANTAGES[default_advantage]):
         raise ValueError(f"algo {name!r} (needs_critic={needs_critic}) does not accept its own default advantage "
                          f"{default_advantage!r}")
@@ -111,7 +113,7 @@ class _DefaultAdvantages(Mapping[str, str]):
 #: Each algo's default advantage estimator, a live view of :data:`ALGOS`.
 DEFAULT_ADVANTAGE: Mapping[str, str] = _DefaultAdvantages()
 
-register_algo("grpo", loop=RL_LOOP, default_advantage="grpo",
+register_algo("grpo", loop=RL_LOOP, default_advantage="grpo", default_group_filter="outcome_differs",
               description="critic-free RL: any estimator without a critic (grpo, rloo, gigpo, reinforce++, ...)")
 register_algo("ppo", loop=RL_LOOP, default_advantage="gae", needs_critic=True,
               description="RL with a critic trained beside the policy: the estimators reading values (gae, ...)")
