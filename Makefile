@@ -93,16 +93,18 @@ agentgym-pipeline-smollm2: setup-smollm2
 	$(PY) -m trajlake.recipes.agentgym_pipeline --lake $(LAKE) --model smollm2 $(if $(ENV_URL),--env-url $(ENV_URL),)
 
 # RL against imitation on AgentGym's real TextCraft server, measured on held-out goals no training step saw
-# (bench/learning.py --env agentgym/textcraft): per seed, the planner's demonstrations on the last 172 train goals
-# (server data indices 372-543), SFT to its plateau on val (100-199), GRPO from it on train goals SFT never saw
-# (200-359) with TextCraft's progress rewards, and the start, plateau and RL policies on the 100 test goals
-# (0-99), with the store's contamination count. The server is
-# started from ../shared/agentgym and stopped by it (ENV_URL=... plays a running one); LEARNING_SEEDS=3 for the
-# three-seed table. Each seed's lake stays under reports/agentgym-learning (a re-run resumes or only prints).
+# (bench/learning.py --env agentgym/textcraft): per seed, on splits stratified by crafting depth, the planner's
+# demonstrations on the last 172 train goals, SFT to a plateau on val, the rollout temperature measured on val,
+# GRPO from the plateau on the goals SFT never saw (the ones its policies sometimes win first) with TextCraft's
+# progress rewards, its best checkpoint on val, and the start, plateau and RL policies on the 100 test goals, with
+# the store's contamination count. The server is started from ../shared/agentgym and stopped by it (ENV_URL=...
+# plays a running one); LEARNING_SEEDS=3 for the three-seed table; MODEL=smollm2 trains SmolLM2-135M-Instruct
+# (hours on 2 cores). Each seed's lake stays under reports/agentgym-learning (a re-run resumes or only prints).
 LEARNING_SEEDS ?= 1
-agentgym-learning: setup
-	$(PY) bench/learning.py --env agentgym/textcraft --seeds $(LEARNING_SEEDS) --out reports/agentgym-learning \
-		$(if $(ENV_URL),--env-url $(ENV_URL),)
+LEARNING_MODEL = $(if $(filter smollm2,$(MODEL)),smollm2,tiny)
+agentgym-learning: $(if $(filter smollm2,$(MODEL)),setup-smollm2,setup)
+	$(PY) bench/learning.py --env agentgym/textcraft --seeds $(LEARNING_SEEDS) --model $(LEARNING_MODEL) \
+		--out reports/agentgym-learning-$(LEARNING_MODEL) $(if $(ENV_URL),--env-url $(ENV_URL),)
 
 # Re-score and retrain (docs/rewards.md): a verbose policy's stored rollouts re-scored with a length penalty
 # (rewards/specs/concise.toml) and trained on without playing, beside the same retrain under the old spec;

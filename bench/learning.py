@@ -39,16 +39,22 @@ from trajlake.store import Lake
 #: GRPO config fields the bench sets by name besides the demo's own (DemoConfig.train_overrides)
 TRAIN_FLOATS = ("kl_coef", "entropy_coef", "gamma", "clip_high")
 #: what the recipe plays an AgentGym TextCraft server with when not told otherwise: its actions are whole recipe
-#: lines (about 24 tokens), its test goals take the expert 2.2 turns and its train goals 7.3 (median 6). The
-#: planner's demonstrations cover the last 172 train goals (data indices 372-543) and GRPO's 10 iterations of 16
-#: play the first 160 (200-359), goals SFT never saw: SFT memorises its demonstrations' goals (loss 0.08 after
-#: 400 steps on all 344, val success 0.01-0.03), so GRPO on those goals would compare samples that all replay them.
+#: lines (about 24 tokens). The splits are stratified by crafting depth (one distribution: docs/agentgym.md). The
+#: planner's demonstrations cover the last 172 tasks of the train split's order and GRPO chooses among the first
+#: 172, goals SFT never saw (SFT memorises its demonstrations' goals, so GRPO on those would compare samples that
+#: all replay them): `learnable` plays first the goals its policies sometimes win. SFT runs to a plateau on val
+#: (3 checkpoints without gain, at most 600 steps); the rollout temperature is measured on val; GRPO evaluates
+#: on val every 2 iterations, keeps its best checkpoint there and stops below its start's interval.
 TEXTCRAFT = dict(difficulty=None, max_turns=8, max_new_tokens=32, expert_noise=0.0, demos=172, demo_offset=172,
-                 demo_samples=1, sft_steps=400, sft_every=100, iterations=10, tasks=16, samples=8, micro_batch=8,
-                 eval_tasks=100)
+                 demo_samples=1, sft_steps=600, sft_every=100, sft_patience=3, iterations=10, tasks=16, samples=8,
+                 micro_batch=8, eval_tasks=100, rl_eval_every=2, temperatures=(0.3, 0.5, 0.7, 1.0),
+                 task_selector="learnable")
+#: SmolLM2-135M on TextCraft: a pretrained model's learning rates (RL at the anchors' 1e-6 for full weights; the
+#: tiny model's 2e-4 and 1e-3 are for a model trained from scratch)
+TEXTCRAFT_SMOLLM2 = dict(lr=1e-6, sft_lr=2e-5, sft_every=20, sft_steps=200, micro_batch=8)
 #: GRPO settings of the TextCraft recipe: the env's own progress observations as per-turn rewards
 TEXTCRAFT_TRAIN = {"reward_spec": str(Path(__file__).resolve().parent.parent / "rewards" / "specs" /
-                                      "textcraft-progress.toml")}
+                                      "textcraft-progress.toml"), "task_pool": 172}
 
 
 def one_seed(cfg: DemoConfig, model: Path) -> dict:
@@ -166,6 +172,8 @@ def main(argv: list[str] | None = None) -> int:
     overrides.update(args.pop("train"))
     chosen = {k: v for k, v in args.items() if v is not None and k not in (*TRAIN_FLOATS, "reward_spec")}
     defaults = TEXTCRAFT if args["env"] == "agentgym/textcraft" else {}
+    if defaults and model == "smollm2":
+        defaults = {**defaults, **TEXTCRAFT_SMOLLM2}
     if args["env"] == "agentgym/textcraft":
         overrides = {**TEXTCRAFT_TRAIN, **overrides}
     stop_cleanly_on_sigterm()  # a killed bench stops the TextCraft server it started

@@ -32,6 +32,7 @@ from trajlake.core.display import console, show
 from trajlake.core.errors import TrajlakeError
 from trajlake.core.paths import shared_dir
 from trajlake.recipes.entry import add_overrides, recipe_args, recipe_parser, run_recipe
+from trajlake.recipes.plateau import choose_rollout_temperature, rl_best_on_val, sft_to_plateau
 from trajlake.store import Lake
 
 DEFAULT_DATA = shared_dir() / "data" / "agentgym"
@@ -86,6 +87,9 @@ class DemoConfig:
     """Episodes per SFT step."""
     sft_every: int = 100
     """An SFT checkpoint every this many steps; each is evaluated on val, the best is the plateau."""
+    sft_patience: int = 2
+    """SFT stops once this many checkpoints in a row bring no gain on val over the best (a plateau), else at
+    sft_steps (the cap; the recipe says which)."""
     sft_lr: float = 1e-3
     """SFT learning rate."""
     iterations: int = 20
@@ -97,7 +101,16 @@ class DemoConfig:
     lr: float = 2e-4
     """GRPO learning rate."""
     temperature: float = 1.0
-    """GRPO sampling temperature."""
+    """GRPO sampling temperature (without `temperatures`)."""
+    temperatures: tuple[float, ...] = ()
+    """A sweep on val before GRPO: the SFT plateau's sampled success at each of these temperatures against its
+    greedy success; GRPO samples at the highest it survives (evaluate/temperature.py). Empty: `temperature`."""
+    rl_eval_every: int = 5
+    """GRPO evaluates greedily on val (eval_tasks tasks) every this many iterations and before the first: the RL
+    policy is its best checkpoint there, and a run falling below its start's interval stops."""
+    task_selector: str = "rotation"
+    """Which train tasks each GRPO iteration plays: rotation through the split, learnable (the tasks this run's
+    policies sometimes win first: train/queries/learnable.sql) or a .sql file (TrainConfig.task_selector)."""
     advantage: str = "grpo"
     """Advantage estimator (train.algos: grpo, rloo, gigpo, turn_reinforce, ...)."""
     micro_batch: int = 32
@@ -142,7 +155,7 @@ class DemoConfig:
         if not 0.0 <= self.expert_noise <= 1.0:
             raise TrajlakeError(f"demo: expert_noise must be between 0 and 1, got {self.expert_noise}")
         for name in ("max_turns", "max_new_tokens", "demos", "demo_samples", "sft_steps", "sft_batch", "sft_every",
-                     "iterations", "tasks", "samples", "micro_batch", "eval_tasks"):
+                     "sft_patience", "iterations", "tasks", "samples", "micro_batch", "eval_tasks", "rl_eval_every"):
             if getattr(self, name) < 1:
                 raise TrajlakeError(f"demo: {name} must be >= 1, got {getattr(self, name)}")
         if self.demo_offset < 0:
@@ -151,11 +164,13 @@ class DemoConfig:
             raise TrajlakeError(f"demo: sft_every ({self.sft_every}) must be <= sft_steps ({self.sft_steps})")
 
 
-# SmolLM2 is 130x the tiny model: fewer, smaller steps at a pretrained model's learning rates.
+# SmolLM2 is 130x the tiny model: fewer, smaller steps at a pretrained model's learning rates (RL at the anchors'
+# 1e-6), its rollout temperature measured on val, and train tasks chosen from what it sometimes wins.
 PRESETS = {
     "tiny": {},
-    "smollm2": dict(demos=256, sft_steps=20, sft_every=5, sft_lr=2e-5, iterations=5, tasks=16, samples=4, lr=2e-6,
-                    micro_batch=8, eval_tasks=30, prefix="demo-smollm2", report=Path("reports/demo-smollm2")),
+    "smollm2": dict(demos=256, sft_steps=40, sft_every=5, sft_lr=2e-5, iterations=5, tasks=16, samples=4, lr=1e-6,
+                    micro_batch=8, eval_tasks=30, rl_eval_every=1, temperatures=(0.3, 0.5, 0.7, 1.0),
+                    task_selector="learnable", prefix="demo-smollm2", report=Path("reports/demo-smollm2")),
 }
 
 
@@ -167,9 +182,17 @@ class RecipeResult:
     val_by_step: dict[int, float]
     plateau_step: int
     policies: dict[str, str]
-    """stage -> policy spec: start, SFT plateau, GRPO."""
+    """stage -> policy spec: start, SFT plateau, GRPO (its best checkpoint on val)."""
     grpo_run: str
     seconds: dict[str, float]
+    plateau_reason: str = ""
+    """Why SFT stopped where it did: a plateau on val, or the cap."""
+    temperature: float = 1.0
+    """The temperature GRPO sampled at (measured when the config sweeps)."""
+    rl_val_by_step: dict[int, float] = field(default_factory=dict)
+    """GRPO's greedy val success by iteration (0: the SFT plateau it started from)."""
+    rl_choice: str = ""
+    """Which GRPO checkpoint is the RL policy, and why."""
 
 
 def build_model(models: Path, model: str) -> Path:
@@ -248,22 +271,6 @@ def train_stage(cfg: DemoConfig, lake: Lake, config_name: str, **overrides):
     return train(replace(tc, **cfg.rollout), lake)
 
 
-def sft_to_plateau(cfg: DemoConfig, lake: Lake, model: Path, sft_filter: str) -> tuple[dict[int, float], int]:
-    """SFT on the episodes of `sft_filter` with a checkpoint every `sft_every` steps; each checkpoint's greedy
-    val success, and the step of the best (the earliest of equals)."""
-    sft = f"{cfg.prefix}-sft"
-    train_stage(cfg, lake, "sft-doors-noisy.toml", run_id=sft, model=str(model), sft_steps=cfg.sft_steps,
-                checkpoint_every=cfg.sft_every, lr=cfg.sft_lr, minibatch_size=cfg.sft_batch,
-                micro_batch=min(cfg.micro_batch, cfg.sft_batch),
-                sft_filter=sft_filter)
-    steps = list(range(cfg.sft_every, cfg.sft_steps + 1, cfg.sft_every))
-    if steps[-1] != cfg.sft_steps:
-        steps.append(cfg.sft_steps)  # the last step is always checkpointed
-    summary = evaluate_policies(cfg, lake, [f"policy:{sft}/step-{k}" for k in steps], model, split="val")
-    val = {k: summary.filter(pl.col("policy") == f"policy:{sft}/step-{k}")["success_rate"][0] for k in steps}
-    return val, max(steps, key=lambda k: (val[k], -k))
-
-
 def recipe(cfg: DemoConfig, lake: Lake, model: Path) -> RecipeResult:
     """Demonstrations, SFT to its plateau, GRPO from the plateau (stages 3-6); each stage resumes if stored."""
     seconds, t = {}, time.perf_counter()
@@ -276,23 +283,31 @@ def recipe(cfg: DemoConfig, lake: Lake, model: Path) -> RecipeResult:
         evaluate_policies(cfg, lake, [f"hf:{model}"], model, split="val")
     log(f"5. SFT on the successful demonstrations, a checkpoint every {cfg.sft_every} steps, each on val")
     seconds["demos_s"], t = time.perf_counter() - t, time.perf_counter()
-    val, plateau = sft_to_plateau(cfg, lake, model, demonstrations_filter(cfg, demos))
+    sft = sft_to_plateau(cfg, lake, model, demonstrations_filter(cfg, demos), train_stage=train_stage,
+                         evaluate_policies=evaluate_policies)
+    val, plateau = sft.val_by_step, sft.step
     seconds["sft_s"], t = time.perf_counter() - t, time.perf_counter()
     sft_policy = f"policy:{cfg.prefix}-sft/step-{plateau}"
     if cfg.progress:
         show(pl.DataFrame({"sft_step": list(val), "val_success": list(val.values())}))
-        console.print(f"SFT plateau: step {plateau} (the best on val)")
+    console.print(f"SFT plateau: step {plateau} (the best on val); SFT stopped at step {max(val)}: {sft.reason}",
+                  soft_wrap=True)
+    temperature = choose_rollout_temperature(cfg, lake, sft_policy, model)
     log(f"6. GRPO from the SFT plateau: {cfg.iterations} iterations of collect -> score -> update -> checkpoint")
     grpo = train_stage(cfg, lake, "grpo-doors-noisy.toml", run_id=f"{cfg.prefix}-grpo", model=sft_policy,
                        iterations=cfg.iterations, tasks=cfg.tasks, samples=cfg.samples, lr=cfg.lr,
-                       temperature=cfg.temperature, advantage=cfg.advantage, micro_batch=cfg.micro_batch,
-                       minibatch_size=cfg.tasks * cfg.samples,
+                       temperature=temperature, advantage=cfg.advantage, micro_batch=cfg.micro_batch,
+                       minibatch_size=cfg.tasks * cfg.samples, eval_every=cfg.rl_eval_every, eval_split="val",
+                       eval_tasks=cfg.eval_tasks, task_selector=cfg.task_selector,
                        **{"report_to": ["tensorboard"], **cfg.train_overrides})  # its curves in TensorBoard too
     seconds["grpo_s"] = time.perf_counter() - t
     seconds["grpo_s_per_iteration"] = seconds["grpo_s"] / cfg.iterations
+    rl_policy, rl_val, choice = rl_best_on_val(lake, grpo.run_id, grpo.policy_id)
+    console.print(f"GRPO policy: {choice}", soft_wrap=True)
     policies = {"start": f"hf:{model}", f"SFT plateau (step {plateau})": sft_policy,
-                "GRPO": f"policy:{grpo.policy_id}"}
-    return RecipeResult(expert, val, plateau, policies, grpo.run_id, seconds)
+                f"GRPO (best on val, {rl_policy.rsplit('/', 1)[-1]})": rl_policy}
+    return RecipeResult(expert, val, plateau, policies, grpo.run_id, seconds, sft.reason, temperature, rl_val,
+                        choice)
 
 
 def results_table(summary: pl.DataFrame, stages: dict[str, str]) -> pl.DataFrame:
@@ -313,10 +328,16 @@ def results_table(summary: pl.DataFrame, stages: dict[str, str]) -> pl.DataFrame
 
 
 CURVE_SQL = """
-SELECT step AS iteration, round((metrics->>'success_mean')::DOUBLE, 3) AS sampled_success,
-       round((metrics->>'reward_mean')::DOUBLE, 3) AS reward_mean,
-       round((metrics->>'entropy')::DOUBLE, 3) AS entropy
-FROM train_steps WHERE run_id = ? AND step > 0 AND (step % ? = 0 OR step = 1) ORDER BY step
+SELECT step AS iteration, round(TRY_CAST(metrics->>'success_mean' AS DOUBLE), 3) AS sampled_success,
+       round(TRY_CAST(metrics->>'eval_success' AS DOUBLE), 3) AS greedy_val_success,
+       round(TRY_CAST(metrics->>'outcome_groups' AS DOUBLE), 3) AS groups_with_outcome_difference,
+       round(TRY_CAST(metrics->>'kl' AS DOUBLE), 5) AS kl_to_start,
+       round(TRY_CAST(metrics->>'reward_mean' AS DOUBLE), 3) AS reward_mean,
+       round(TRY_CAST(metrics->>'entropy' AS DOUBLE), 3) AS entropy,
+       round(TRY_CAST(metrics->>'collect_s' AS DOUBLE), 1) AS collect_s,
+       round(TRY_CAST(metrics->>'update_s' AS DOUBLE), 1) AS update_s
+FROM train_steps WHERE run_id = ? AND (step % ? = 0 OR step = 1 OR (metrics->>'eval_success') IS NOT NULL)
+ORDER BY step
 """
 
 
@@ -337,7 +358,9 @@ def run(cfg: DemoConfig) -> None:
                       f"{cfg.eval_tasks} tasks), 95% Wilson intervals; demonstrations: {cfg.expert}, "
                       f"success {result.expert_success:.2f}")
         show(results_table(summary, result.policies))
-        console.print("GRPO learning curve (sampled rollouts of each iteration, from train_steps):")
+        console.print("GRPO learning curve (each iteration's sampled rollouts on train tasks, greedy val success where "
+                      "evaluated, the share of groups whose samples differ in success, KL to the SFT plateau, stage "
+                      "times; from train_steps):")
         show(lake.query(CURVE_SQL, [result.grpo_run, max(1, cfg.iterations // 5)]))
         index = build_report(lake, cfg.report)
     console.print(f"report: {index}")
