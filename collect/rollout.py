@@ -179,6 +179,14 @@ class Rollout:
         rows = self.lake.query("SELECT episode_id, task_id, sample_index, status FROM episodes WHERE run_id = ?",
                                [self.run_id])
         ids = set(rows["episode_id"].to_list())
+        listed = {t.task_id for t in tasks}
+        stray = sorted(set(rows["task_id"].to_list()) - listed)
+        if stray:  # the same settings list other tasks now: playing on would mix two task lists in one run
+            raise TrajlakeError(
+                f"collect run {self.run_id} holds episodes of {len(stray)} task(s) its settings no longer list "
+                f"(e.g. {stray[0]!r}): the env's task list changed (AgentGym's sized splits are stratified since "
+                f"split scheme stratified-v1; env_kwargs split_scheme=\"contiguous\" plays an older run on); "
+                "use a new run id")
         played = {(t, k) for t, k, s in zip(rows["task_id"], rows["sample_index"], rows["status"], strict=True)
                   if s != "error"}
         pending: deque = deque()

@@ -379,3 +379,19 @@ def test_every_config_field_is_run_defining_or_operational():
     assert replace(remote, template="react").differences(stored) == [("template", "think_action", "react")]
     old = {k: v for k, v in stored.items() if k != "task_offset"}  # a lake from before the field existed
     assert replace(remote, task_offset=3).differences(old) == []
+
+
+def test_a_run_whose_task_list_changed_is_refused(tiny, lake, monkeypatch):
+    """The same settings listing other tasks (an old AgentGym run under the stratified splits) would mix two task
+    lists in one run: refused, nothing written."""
+    config = cfg(env="doors", policy="scripted:doors", tokenizer=str(tiny), tasks=2, difficulty=1, run_id="moved")
+    collect(config, lake)
+    doors = type(make_env("doors"))
+    listed = doors.tasks
+    monkeypatch.setattr(doors, "tasks", lambda self, split, n=None, difficulty=None:
+                        listed(self, split, n=(n or 0) + 2, difficulty=difficulty)[2:])
+    before = lake.snapshots().height
+    with pytest.raises(TrajlakeError, match=r"collect run moved holds episodes of 2 task\(s\) its settings no longer "
+                                            r"list .*split_scheme=\"contiguous\""):
+        collect(config, lake)
+    assert lake.snapshots().height == before
