@@ -30,10 +30,11 @@ from trajlake.evaluate.viewer_train_data import REQUIRED, TrainView
 #: the curves a train page draws first, each where its steps hold the metric: (key, title, y range to include)
 CURVES: list[tuple[str, str, tuple[float | None, float | None]]] = [
     ("reward_mean", "reward (batch mean)", (None, None)),
-    ("success_mean", "success (rollouts)", (0.0, 1.0)),
-    ("eval", "eval success (Wilson 95%)", (0.0, 1.0)),
+    ("success_mean", "success (sampled rollouts on train tasks)", (0.0, 1.0)),
+    ("eval", "eval success, greedy (Wilson 95%)", (0.0, 1.0)),
+    ("outcome_groups", "groups whose samples differ in success (share)", (0.0, 1.0)),
     ("loss", "loss", (None, None)),
-    ("kl", "KL to the reference", (None, None)),
+    ("kl", "KL to the reference (the starting policy)", (None, None)),
     ("entropy", "entropy", (None, None)),
     ("response_length", "response length (agent tokens per episode)", (None, None)),
 ]

@@ -77,10 +77,11 @@ def test_the_run_list_shows_train_runs_first_with_their_runs_under_them(viewer):
 def test_the_grpo_page_draws_its_curves_and_evals(viewer, lake):
     text = ok(viewer, "/train?id=grpo")
     titles = chart_titles(text)
-    assert titles[:6] == ["reward (batch mean)", "success (rollouts)", "eval success (Wilson 95%)", "loss", "entropy",
-                          "response length (agent tokens per episode)"]  # no KL: kl_coef 0 records none
+    assert titles[:7] == ["reward (batch mean)", "success (sampled rollouts on train tasks)",
+                          "eval success, greedy (Wilson 95%)", "groups whose samples differ in success (share)",
+                          "loss", "entropy", "response length (agent tokens per episode)"]  # no KL: kl_coef 0
     assert "grad_norm" in titles and "pg_clipfrac" in titles  # the others, folded
-    evals_chart = text.split("<title>eval success (Wilson 95%)</title>", 1)[1].split("</svg>", 1)[0]
+    evals_chart = text.split("<title>eval success, greedy (Wilson 95%)</title>", 1)[1].split("</svg>", 1)[0]
     assert evals_chart.count("<circle") == 3 and evals_chart.count("<path") == 3  # steps 0-2, each its interval
     assert "step 0: 0" in evals_chart and "grpo/eval-0, sft/step-2" in evals_chart
     # its evals beside: the start's (in-training eval before the first iteration) and its own checkpoints'
@@ -112,9 +113,9 @@ def test_the_grpo_page_draws_its_curves_and_evals(viewer, lake):
 
 def test_the_sft_page_and_a_run_without_steps(viewer, tmp_path):
     text = ok(viewer, "/train?id=sft")
-    assert chart_titles(text)[:2] == ["eval success (Wilson 95%)", "loss"] and "nll" in chart_titles(text)
+    assert chart_titles(text)[:2] == ["eval success, greedy (Wilson 95%)", "loss"] and "nll" in chart_titles(text)
     # its last checkpoint's eval is GRPO's before its first iteration (its start): on the SFT's curve at step 2
-    assert "step 2: " in text.split("<title>eval success (Wilson 95%)</title>", 1)[1].split("</svg>", 1)[0]
+    assert "step 2: " in text.split("<title>eval success, greedy (Wilson 95%)</title>", 1)[1].split("</svg>", 1)[0]
     assert "expert</a> (4)" in text  # each row trained on the expert's 4 episodes
     assert ok(viewer, "/run?id=sft") == text  # a train run's run page is its train page
     # a train run whose process died before its first step: the page says so
