@@ -134,13 +134,30 @@ def train_override(text: str) -> tuple[str, object]:
     return key.strip(), parsed
 
 
+def temperature_list(text: str) -> tuple[float, ...]:
+    """--temperatures: comma-separated temperatures (checked as evaluate's sweep checks them), or `none`."""
+    if text.strip().lower() == "none":
+        return ()
+    from trajlake.evaluate.temperature import parse_temperatures
+
+    try:
+        return parse_temperatures(text, what="--temperatures")
+    except TrajlakeError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    for name in (*CLI_INTS, "max_new_tokens", "demo_samples", "demo_offset", "sft_batch"):
+    for name in (*CLI_INTS, "max_new_tokens", "demo_samples", "demo_offset", "sft_batch", "sft_patience",
+                 "rl_eval_every"):
         if name != "seed":
             p.add_argument(f"--{name.replace('_', '-')}", type=int, default=None, help=f"override {name}")
     for name in ("expert_noise", "sft_lr", "lr", "temperature"):
         p.add_argument(f"--{name.replace('_', '-')}", type=float, default=None, help=f"override {name}")
+    p.add_argument("--temperatures", type=temperature_list, default=None, metavar="T,T,...",
+                   help="rollout temperatures swept on val before GRPO (e.g. 0.5,0.7,1.0; 'none': no sweep)")
+    p.add_argument("--task-selector", default=None, help="which train tasks GRPO plays: rotation, learnable or a "
+                   ".sql file (TrainConfig.task_selector)")
     p.add_argument("--env", default=DemoConfig.env, help="env played (default doors; agentgym/textcraft: AgentGym's "
                    "real server, with its own defaults)")
     p.add_argument("--env-url", default=None, help="URL of the env's server (default for agentgym/textcraft: start "

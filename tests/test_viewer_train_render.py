@@ -75,8 +75,8 @@ def test_many_evals_compare_the_baselines_the_first_and_the_last():
 
 def test_config_rows_differ_first():
     fields = train_fields()
-    assert fields["model"] is REQUIRED and fields["lr"] == 1e-5 and fields["report_to"] == []
-    differs, recorded, same = config_rows({"lr": 1e-5, "model": "m", "report_to": ["tensorboard"],
+    assert fields["model"] is REQUIRED and fields["lr"] == 1e-6 and fields["report_to"] == []
+    differs, recorded, same = config_rows({"lr": 1e-6, "model": "m", "report_to": ["tensorboard"],
                                            "start_policy": "p", "tasks": 16, "iterations": 3}, fields)
     assert [k for k, _, _ in differs] == ["iterations", "model", "report_to"]
     assert [k for k, _, _ in recorded] == ["start_policy"] and [k for k, _, _ in same] == ["lr", "tasks"]
