@@ -329,14 +329,14 @@ def results_table(summary: pl.DataFrame, stages: dict[str, str]) -> pl.DataFrame
 
 CURVE_SQL = """
 SELECT step AS iteration, round(TRY_CAST(metrics->>'success_mean' AS DOUBLE), 3) AS sampled_success,
-       round(TRY_CAST(metrics->>'eval_success' AS DOUBLE), 3) AS greedy_val_success,
+       coalesce(round(TRY_CAST(metrics->>'eval_success' AS DOUBLE), 3)::VARCHAR, '-') AS greedy_val_success,
        round(TRY_CAST(metrics->>'outcome_groups' AS DOUBLE), 3) AS groups_with_outcome_difference,
-       round(TRY_CAST(metrics->>'kl' AS DOUBLE), 5) AS kl_to_start,
+       coalesce(round(TRY_CAST(metrics->>'kl' AS DOUBLE), 5)::VARCHAR, '-') AS kl_to_start,
        round(TRY_CAST(metrics->>'reward_mean' AS DOUBLE), 3) AS reward_mean,
        round(TRY_CAST(metrics->>'entropy' AS DOUBLE), 3) AS entropy,
        round(TRY_CAST(metrics->>'collect_s' AS DOUBLE), 1) AS collect_s,
        round(TRY_CAST(metrics->>'update_s' AS DOUBLE), 1) AS update_s
-FROM train_steps WHERE run_id = ? AND (step % ? = 0 OR step = 1 OR (metrics->>'eval_success') IS NOT NULL)
+FROM train_steps WHERE run_id = ? AND step > 0 AND (step % ? = 0 OR step = 1 OR (metrics->>'eval_success') IS NOT NULL)
 ORDER BY step
 """
 
@@ -358,9 +358,11 @@ def run(cfg: DemoConfig) -> None:
                       f"{cfg.eval_tasks} tasks), 95% Wilson intervals; demonstrations: {cfg.expert}, "
                       f"success {result.expert_success:.2f}")
         show(results_table(summary, result.policies))
+        start_val = result.rl_val_by_step.get(0)
+        start = f"; the plateau's greedy val success before the first: {start_val:.2f}" if start_val is not None else ""
         console.print("GRPO learning curve (each iteration's sampled rollouts on train tasks, greedy val success where "
                       "evaluated, the share of groups whose samples differ in success, KL to the SFT plateau, stage "
-                      "times; from train_steps):")
+                      f"times; from train_steps{start}):")
         show(lake.query(CURVE_SQL, [result.grpo_run, max(1, cfg.iterations // 5)]))
         index = build_report(lake, cfg.report)
     console.print(f"report: {index}")

@@ -34,8 +34,9 @@ def test_demo_runs_every_stage_and_resumes(tmp_path, tmp_path_factory, capsys):
     with Lake.open(str(tmp_path / "lake")) as lake:
         kinds = dict(lake.query("SELECT kind, count(*) AS n FROM runs GROUP BY kind").iter_rows())
         # an eval run per policy and split: the two SFT checkpoints on val, the start, the plateau and GRPO on test
-        # (the start's test run is played once and read back in the final table); sft and grpo trained
-        assert kinds["eval"] == 5 and kinds["train"] == 2
+        # (the start's test run is played once and read back in the final table), and GRPO's own val evals
+        # (before its first iteration and after its last); sft and grpo trained
+        assert kinds["eval"] == 7 and kinds["train"] == 2
         val = lake.query("SELECT DISTINCT e.policy_id FROM episodes e JOIN runs r USING (run_id) "
                          "WHERE r.kind = 'eval' AND r.run_id LIKE '%-val-%' ORDER BY 1")["policy_id"].to_list()
         assert val == ["demo-sft/step-2", "demo-sft/step-4"]

@@ -18,6 +18,7 @@ import pytest
 from tests.helpers import tiny_model_dir
 from trajlake.store import Lake
 from trajlake.store.reads import NO_OUTCOME, imported_summary
+from trajlake.train.eval_guard import best_eval_policy
 
 SMALL = ["--demos", "64", "--sft-steps", "2", "--sft-every", "2", "--iterations", "1", "--tasks", "2",
          "--samples", "2", "--micro-batch", "4", "--eval-tasks", "2"]
@@ -88,8 +89,7 @@ def test_the_demo_in_a_pipe_reads_cleanly(tmp_path, tmp_path_factory):
     # every table row on one line, every cell a whole value: the cells are the values the store holds
     tables = {tuple(header): body for header, body in _tables(out)}
     with Lake.open(str(tmp_path / "lake")) as lake:
-        grpo = lake.query("SELECT policy_id FROM policies WHERE run_id = 'demo-grpo' ORDER BY created_at DESC "
-                          "LIMIT 1").item()
+        grpo = best_eval_policy(lake, "demo-grpo").policy_id  # the RL policy: its best checkpoint on val
         curve = lake.query("SELECT step FROM train_steps WHERE run_id = 'demo-grpo' AND step > 0 ORDER BY 1")
         assert lake.query("SELECT count(success) FROM episodes e JOIN runs r USING (run_id) "
                           "WHERE r.kind = 'import'").item() == 0
@@ -100,9 +100,10 @@ def test_the_demo_in_a_pipe_reads_cleanly(tmp_path, tmp_path_factory):
     results = tables[("stage", "policy", "episodes", "success", "reward", "format_errors", "turns", "tokens",
                       "held_out")]
     assert [row[:3] for row in results] == [["start", "tiny", "2"], ["SFT plateau (step 2)", "demo-sft/step-2", "2"],
-                                            ["GRPO", grpo, "2"]]
+                                            [f"GRPO (best on val, {grpo.rsplit('/', 1)[-1]})", grpo, "2"]]
     assert all(re.fullmatch(r"\d\.\d\d \[\d\.\d\d, \d\.\d\d\]", row[3]) and row[8] == "clean" for row in results)
-    curve_rows = tables[("iteration", "sampled_success", "reward_mean", "entropy")]
+    curve_rows = tables[("iteration", "sampled_success", "greedy_val_success", "groups_with_outcome_difference",
+                         "kl_to_start", "reward_mean", "entropy", "collect_s", "update_s")]
     assert [row[0] for row in curve_rows] == [str(s) for s in curve["step"]]
     for body in tables.values():
         assert all(all(cell for cell in row) for row in body), body  # a folded row leaves empty cells

@@ -115,7 +115,7 @@ def test_the_loop_under_the_deepspeed_launcher(tmp_path_factory, tmp_path):
                         "--lake", str(lake)], cwd=tmp_path, env=_env(), capture_output=True, text=True,
                        timeout=300)
     assert p.returncode != 0
-    refusal = "error: run two already exists with lr 1e-05; given 0.5 (use a new --run-id)"
+    refusal = "error: run two already exists with lr 1e-06; given 0.5 (use a new --run-id)"
     assert (p.stdout + p.stderr).count(refusal) == 2, p.stdout[-3000:] + p.stderr[-3000:]  # one line per rank
     with Lake.open(str(lake)) as lk:
         assert (lk.snapshots().to_dicts(), lk.count("runs"), lk.count("train_steps")) == before

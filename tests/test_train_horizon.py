@@ -93,7 +93,8 @@ def test_grpo_rollouts_play_the_scheduled_caps(model, tmp_path):
               horizon_start=1, horizon_every=1, eval_every=1, eval_tasks=2, reward_spec=varied_spec(tmp_path))
     with Lake.open(str(tmp_path / "lake")) as lake:
         res = train(small_cfg(model, **kw), lake)
-        assert res.step == 3 and all(h.get("warning") is None for h in res.history)  # each iteration trained
+        # each iteration trained (on shaping alone: the untrained model wins nothing, and the run says so)
+        assert res.step == 3 and all(h["signal_rows"] > 0 for h in res.history if "signal_rows" in h)
         for n, cap in {1: 1, 2: 2, 3: 3}.items():
             assert run_config(lake, f"hz/it-{n}")["max_turns"] == cap
             eps = lake.query("SELECT episode_id, num_turns, status, error FROM episodes WHERE run_id = ?",
