@@ -294,12 +294,14 @@ def recipe(cfg: DemoConfig, lake: Lake, model: Path) -> RecipeResult:
                   soft_wrap=True)
     temperature = choose_rollout_temperature(cfg, lake, sft_policy, model)
     log(f"6. GRPO from the SFT plateau: {cfg.iterations} iterations of collect -> score -> update -> checkpoint")
+    # one optimizer step per iteration unless train_overrides say otherwise (e.g. minibatch_size=16: RAGEN's
+    # several mini-batch steps per iteration); its curves in TensorBoard too
+    settings = dict(iterations=cfg.iterations, tasks=cfg.tasks, samples=cfg.samples, lr=cfg.lr,
+                    temperature=temperature, advantage=cfg.advantage, micro_batch=cfg.micro_batch,
+                    minibatch_size=cfg.tasks * cfg.samples, eval_every=cfg.rl_eval_every, eval_split="val",
+                    eval_tasks=cfg.eval_tasks, task_selector=cfg.task_selector, report_to=["tensorboard"])
     grpo = train_stage(cfg, lake, "grpo-doors-noisy.toml", run_id=f"{cfg.prefix}-grpo", model=sft_policy,
-                       iterations=cfg.iterations, tasks=cfg.tasks, samples=cfg.samples, lr=cfg.lr,
-                       temperature=temperature, advantage=cfg.advantage, micro_batch=cfg.micro_batch,
-                       minibatch_size=cfg.tasks * cfg.samples, eval_every=cfg.rl_eval_every, eval_split="val",
-                       eval_tasks=cfg.eval_tasks, task_selector=cfg.task_selector,
-                       **{"report_to": ["tensorboard"], **cfg.train_overrides})  # its curves in TensorBoard too
+                       **{**settings, **cfg.train_overrides})
     seconds["grpo_s"] = time.perf_counter() - t
     seconds["grpo_s_per_iteration"] = seconds["grpo_s"] / cfg.iterations
     rl_policy, rl_val, choice = rl_best_on_val(lake, grpo.run_id, grpo.policy_id)
