@@ -121,9 +121,11 @@ def system_prompt(env: Any, template) -> str:
 class Rollout:
     """One collect run. `run()` plays every pending (task, sample) and returns the run id."""
 
-    def __init__(self, config: CollectConfig, lake: Lake, policy: Policy | None = None):
+    def __init__(self, config: CollectConfig, lake: Lake, policy: Policy | None = None,
+                 lease: run_lease.Lease | None = None):
         self.config = config
         self.lake = lake
+        self.lease = lease  # taken by collect() before the policy loaded; run() gives it back
         self.template = get_template(config.template_name)
         factory = make_env_factory(config)
         self.probe_env = factory()
@@ -202,7 +204,7 @@ class Rollout:
 
     # ---- the loop ------------------------------------------------------------------------------
     def run(self) -> str:
-        lease = None
+        lease = self.lease
         try:
             self.probe_env.check_server()  # a server of another environment is refused before anything is stored
             tasks = self._tasks()
@@ -212,7 +214,7 @@ class Rollout:
             # (parent_run_id) is covered by that run's lease. A resume with nothing left to do writes nothing,
             # so it takes none either.
             idle = resumed is not None and not pending and resumed.status == "finished"
-            if self.config.parent_run_id is None and not idle:
+            if lease is None and self.config.parent_run_id is None and not idle:
                 lease = run_lease.acquire(self.lake, self.run_id, "collect")
                 resumed = stored_run(self.lake, self.config, self.system)  # as the previous holder left it
                 pending = self._pending(tasks)
@@ -367,10 +369,22 @@ def collect(config: CollectConfig, lake: Lake, policy: Policy | None = None) -> 
     """Play `config` into `lake`; returns the run id (pass it again to resume, or to retry the episodes that
     ended in env errors). Raises TrajlakeError, writing nothing, when `config.run_id` names a stored run played
     with other settings, and, once it is marked failed, when every episode of the run ended in an env error."""
-    stored_run(lake, config)  # refuse other settings before loading a model (the system prompt is checked later)
+    stored = stored_run(lake, config)  # refuse other settings before loading a model (the system prompt: later)
+    lease = None
     if config.run_id and config.parent_run_id is None:
-        run_lease.check(lake, config.run_id)  # and a run another live process is playing (reads only)
-    rollout = Rollout(config, lake, policy)
+        if stored is None or stored.status != "finished":
+            # the lease before the policy loads (seconds; minutes for vLLM or replicas), so a second process
+            # with this run id is refused at once; a finished run may have nothing left to play, and an idle
+            # resume writes nothing, so it only checks here and Rollout.run takes the lease if there is work
+            lease = run_lease.acquire(lake, config.run_id, "collect")
+        else:
+            run_lease.check(lake, config.run_id)  # a run another live process is playing (reads only)
+    try:
+        rollout = Rollout(config, lake, policy, lease=lease)
+    except BaseException:
+        if lease is not None:
+            lease.release()
+        raise
     try:
         return rollout.run()
     finally:

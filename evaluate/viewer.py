@@ -94,6 +94,7 @@ class Viewer:
         except OSError as e:
             raise TrajlakeError(f"cannot serve on {host}:{port}: {e.strerror} (give another --port)") from None
         self.url = f"http://{host}:{self.server.server_address[1]}/"
+        self._serving = False  # socketserver's shutdown() waits for a serve_forever loop: none, it waits forever
 
     def host_allowed(self, host_header: str | None) -> bool:
         """Served on a loopback address, the viewer answers only requests addressed to one: a web page whose
@@ -139,16 +140,25 @@ class Viewer:
         return 404, error_page("Not found", "no such page")
 
     def serve(self) -> None:
-        self.server.serve_forever()
+        """Serve in this thread until interrupted (Ctrl-C) or until close() from another thread."""
+        self._serving = True
+        try:
+            self.server.serve_forever()
+        finally:  # its loop is over (or never began): close() has nothing to wait for
+            self._serving = False
 
     def start(self) -> threading.Thread:
         """Serve on a background thread (tests, notebooks); `close()` stops it."""
-        t = threading.Thread(target=self.serve, daemon=True)
+        self._serving = True  # before the thread runs: a close() right after start() still waits for its loop
+        t = threading.Thread(target=self.server.serve_forever, daemon=True)
         t.start()
         return t
 
     def close(self) -> None:
-        self.server.shutdown()
+        """Stop serving (when it served: also after a Ctrl-C that came before its loop began) and free the port."""
+        if self._serving:
+            self.server.shutdown()
+            self._serving = False
         self.server.server_close()
 
 

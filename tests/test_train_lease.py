@@ -5,6 +5,7 @@ released when it ends."""
 
 from __future__ import annotations
 
+import os
 import signal
 import sys
 from dataclasses import replace
@@ -69,3 +70,71 @@ def test_a_run_held_by_a_live_process_is_refused_then_taken_over(model, tmp_path
         msgs = [m or "" for m in lake.snapshots()["message"].to_list()]
         assert any(m.startswith("train: lease run s1 to process") for m in msgs)
         assert any(m == "train: release the lease of run s1" for m in msgs)
+
+
+def test_the_lease_is_held_before_any_heavy_setup(model, tmp_path, monkeypatch):
+    """train (sft and RL) builds its DeepSpeed engines, and collect loads its policy, only once the run's lease is
+    held: a second process with the run id is refused before that setup (seconds to minutes), not after it. The
+    real builders run; a wrapper records who held the lease when each began."""
+    import trajlake.collect.rollout as rollout_module
+    import trajlake.train.train_run as train_run_module
+    from trajlake.store.lease import holder_of
+
+    uri = f"sqlite:{tmp_path / 'catalog.sqlite'}"
+    seen: list[tuple[str, object]] = []
+
+    def recording(name, real, run_id):
+        def wrapper(*args, **kwargs):
+            seen.append((name, holder_of(lake, run_id())))
+            return real(*args, **kwargs)
+        return wrapper
+
+    current = {"id": "expert"}
+    monkeypatch.setattr(rollout_module, "load_policy", recording("collect", rollout_module.load_policy,
+                                                                 lambda: current["id"]))
+    monkeypatch.setattr(train_run_module, "build_engines", recording("train", train_run_module.build_engines,
+                                                                     lambda: current["id"]))
+    expert = CollectConfig(env="doors", policy=f"hf:{model}", tokenizer=str(model), tasks=2, difficulty=1,
+                           template="action", system_prompt=SYSTEM, run_id="expert", progress=False, max_turns=2)
+    with Lake.open(uri) as lake:
+        collect(expert, lake)
+        current["id"] = "s1"
+        train(small_cfg(model, algo="sft", sft_filter="true", sft_steps=1, minibatch_size=2, micro_batch=2,
+                        run_id="s1", checkpoint_dir=str(tmp_path / "ckpt")), lake)
+        current["id"] = "g1"
+        train(small_cfg(model, iterations=1, tasks=1, samples=2, run_id="g1",
+                        checkpoint_dir=str(tmp_path / "ckpt")), lake)
+        assert lake.count("run_leases") == 0  # each given back when its run ended
+    assert [name for name, _ in seen][:3] == ["collect", "train", "train"], seen
+    for name, held in seen[:3]:
+        assert held is not None and held.pid == os.getpid(), f"{name} began its setup without the run's lease"
+
+
+@pytest.mark.slow  # a CLI process: its imports take seconds on a loaded machine
+def test_a_second_train_with_a_held_run_id_is_refused_within_seconds(model, tmp_path):
+    """The issue's case: `trajlake train` on a run id a live process holds ends in one line, in under 10 s, with
+    nothing written (no checkpoint folder, no snapshot)."""
+    import subprocess
+    import time
+
+    uri = f"sqlite:{tmp_path / 'catalog.sqlite'}"
+    with Lake.open(uri) as lake:
+        before = lake.snapshots().height
+    p = holder(tmp_path, uri, "g1")
+    config = tmp_path / "g1.toml"
+    config.write_text(f'model = "{model}"\nrun_id = "g1"\niterations = 1\ntasks = 1\nsamples = 2\n'
+                      f'env = "doors"\ncheckpoint_dir = "{tmp_path / "ckpt"}"\n')
+    try:
+        t0 = time.monotonic()
+        r = subprocess.run([sys.executable, "-m", "trajlake", "--lake", uri, "train", "--config", str(config)],
+                           capture_output=True, text=True, timeout=300)
+        took = time.monotonic() - t0
+    finally:
+        p.send_signal(signal.SIGKILL)
+        p.wait(timeout=60)
+    assert r.returncode == 1, r.stderr[-2000:]
+    assert r.stderr.strip().splitlines() == [r.stderr.strip()] and "run g1 is being run by" in r.stderr
+    assert took < 10, f"refused after {took:.1f} s"
+    assert not (tmp_path / "ckpt").exists()
+    with Lake.open(uri) as lake:
+        assert lake.snapshots().height == before + 1  # the holder's lease, nothing of the refused train

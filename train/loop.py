@@ -59,12 +59,11 @@ def train(config: TrainConfig, lake: Lake | None) -> RunResult:
     check_before_writing(r, spec)
     algo = ALGOS[c.algo]
     engines = r.build(critic=algo.needs_critic, ref=algo.needs_reference(c))
-    kl_ctl = make_kl_controller(c.kl_controller, c.kl_coef, c.kl_target, c.kl_horizon)
-    if "kl_controller" in r.state:
-        kl_ctl.load_state_dict(r.state["kl_controller"])
     data = None
-    r.acquire()
-    try:
+    try:  # the lease is held since r.build
+        kl_ctl = make_kl_controller(c.kl_controller, c.kl_coef, c.kl_target, c.kl_horizon)
+        if "kl_controller" in r.state:
+            kl_ctl.load_state_dict(r.state["kl_controller"])
         if c.train_filter:  # the stored rollouts, scored (the first write: every check above only read), pinned
             pinned = r.stored.config.get("train_snapshot_read") if r.stored else None
             data = on_main(r.main, lambda: stored_data(r.lake, c, spec, pinned))
@@ -187,7 +186,12 @@ def sft(config: TrainConfig, lake: Lake | None) -> RunResult:
         raise ConfigError(f"train config: no episodes match sft_filter ({c.sft_filter}) at snapshot {snap} (episodes "
                           "that ended in an env error or hold no agent tokens never do)")
     engines = r.build()
-    batch = collate(seqs, engines.pad_id)
+    try:  # the lease is held since r.build
+        batch = collate(seqs, engines.pad_id)
+        r.start()  # the first write: everything above only read, so a refused run left no trace
+    except BaseException:
+        r.release()
+        raise
     n, mb = batch.size, min(c.minibatch_size, batch.size)
 
     @functools.lru_cache(maxsize=4)
@@ -197,12 +201,6 @@ def sft(config: TrainConfig, lake: Lake | None) -> RunResult:
     def rows_of(step: int) -> list[int]:  # a fixed stream of shuffled epochs, so a resumed run picks up exactly
         return [perm(k // n)[k % n] for k in range(step * mb, (step + 1) * mb)]
 
-    r.acquire()
-    try:
-        r.start()  # the first write: everything above only read, so a refused run left no trace
-    except BaseException:
-        r.release()
-        raise
     result = RunResult(r.run_id, r.policy_id, r.step)
     t0 = time.perf_counter()
     try:
