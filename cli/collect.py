@@ -11,12 +11,11 @@ from typing import Optional
 
 import typer
 
-from trajlake.cli.common import PATH, check_text, open_lake, path_arg
+from trajlake.cli.common import PATH, check_text, open_lake, path_arg, run_id_arg
 from trajlake.cli.options import rollout_options
 from trajlake.collect.config import CollectConfig, check_url
 from trajlake.core import display
 from trajlake.core.errors import TrajlakeError
-from trajlake.core.ids import check_id
 from trajlake.evaluate.run import EvalConfig
 
 
@@ -26,7 +25,8 @@ def collect(
     tasks: int = typer.Option(32, "--tasks", help="How many tasks of the split."),
     task_offset: int = typer.Option(0, "--task-offset", help="Skip this many tasks of the split first."),
     samples: int = typer.Option(1, "--samples", help="Samples per task (a GRPO group)."),
-    run_id: Optional[str] = typer.Option(None, "--run-id", help="Resume this run, or name a new one."),
+    run_id: Optional[str] = typer.Option(None, "--run-id", help="Resume this run, or name a new one.",
+                                         callback=run_id_arg),
     workers: int = typer.Option(0, "--workers", help="Ray actors stepping envs (0: in-process)."),
     tokenizer: Optional[str] = typer.Option(None, "--tokenizer", help="Tokenizer for text policies."),
     seed: int = typer.Option(0, "--seed"),
@@ -42,8 +42,6 @@ def collect(
     from trajlake.collect.rollout import collect as run_collect
     from trajlake.collect.summary import errors_line, print_summary
 
-    # the user's run id is checked, never replaced: an empty one was silently swapped for a generated id
-    check_id(run_id, "--run-id")
     check_url(rollout["env_url"], "--env-url")  # before resolve_env_name asks the URL's server for its name
     check_text("--env-variant", env_variant)  # "" was taken for "not given" and the run played without it
     rollout["env"] = resolve_env_name(rollout["env"], rollout["env_url"], env_variant)

@@ -11,7 +11,10 @@ from typing import Optional
 import typer
 
 from trajlake.core.errors import TrajlakeError
+from trajlake.core.ids import check_id
 from trajlake.store import Lake
+from trajlake.store.outputs import check_output_path
+from trajlake.store.uri import parse_uri
 
 
 class State:
@@ -22,6 +25,23 @@ class State:
 def open_lake(*, read_only: bool = False) -> Lake:
     """The --lake lake; read commands open it read-only (they never create or change a lake)."""
     return Lake.open(State.lake_uri, read_only=read_only)
+
+
+def check_lake_output(path: Path, what: str) -> Path:
+    """`store.outputs.check_output_path` for a command that writes a file or folder without opening the lake
+    (`model ... --out`): checked against the lake --lake (or its default) names, which need not exist yet."""
+    return check_output_path(parse_uri(State.lake_uri), path, what)
+
+
+def run_id_arg(param: typer.CallbackParam, value: str | list[str] | None) -> str | list[str] | None:
+    """The typer callback of every option or argument that names a run id (or several): `ids.check_id` at the
+    edge, before any lake is opened, one line naming the option (exit 1, as for every bad value). An id
+    taken as given reached lease rows, SQL parameters and messages: empty, `../..`, 10k characters, a newline."""
+    opts = [o for o in param.opts if o.startswith("-")]
+    name = max(opts, key=len) if opts else "run id"
+    for one in value if isinstance(value, list | tuple) else [value]:
+        check_id(one, name)
+    return value
 
 
 #: C0 and C1 controls and DEL: in a file name they are never meant, and echoed to a terminal they can rewrite it

@@ -8,7 +8,7 @@ from typing import Optional
 
 import typer
 
-from trajlake.cli.common import PATH, open_lake, path_arg
+from trajlake.cli.common import PATH, open_lake, path_arg, run_id_arg
 from trajlake.core import display
 from trajlake.store.outputs import check_output_path
 
@@ -54,7 +54,7 @@ def import_agentgym(
                                        parser=path_arg, metavar="PATHS..."),
     tokenizer: Path = typer.Option(..., "--tokenizer", help="Tokenizer folder (a model saved with save_pretrained).",
                                    parser=path_arg, metavar=PATH),
-    run_id: Optional[str] = typer.Option(None, "--run-id"),
+    run_id: Optional[str] = typer.Option(None, "--run-id", callback=run_id_arg),
     env: Optional[str] = typer.Option(
         None, "--env", help="Env the episodes are stored under (default: data_source), e.g. agentgym/textcraft."),
     split: Optional[str] = typer.Option(None, "--split", help="Split when the files do not say."),

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import typer
 
-from trajlake.cli.common import PATH, check_count, path_arg
+from trajlake.cli.common import PATH, check_count, check_lake_output, path_arg
 from trajlake.core import display
 
 model_app = typer.Typer(help="Build or convert models offline.", no_args_is_help=True)
@@ -23,6 +23,7 @@ def model_tiny(
     from trajlake.lm.build import build_tiny_model, model_summary
 
     check_count("--seed", seed, 0, MAX_SEED)  # torch's seed overflowed past 64 bits ("Overflow when unpacking")
+    check_lake_output(out, "model tiny --out")
     path = build_tiny_model(out, seed=seed)
     summary = model_summary(path)
     display.console.print(f"saved {path}: " + ", ".join(f"{k} {v}" for k, v in summary.items()))
@@ -38,6 +39,7 @@ def model_smollm2(
     from trajlake.lm.build import model_summary
     from trajlake.lm.smollm2 import convert_smollm2
 
+    check_lake_output(out, "model smollm2 --out")
     path = convert_smollm2(out, dtype=dtype)
     summary = model_summary(path)
     display.console.print(f"saved {path}: " + ", ".join(f"{k} {v}" for k, v in summary.items()))

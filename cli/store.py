@@ -8,7 +8,7 @@ from typing import Optional
 
 import typer
 
-from trajlake.cli.common import PATH, open_lake, path_arg
+from trajlake.cli.common import PATH, open_lake, path_arg, run_id_arg
 from trajlake.core import display
 from trajlake.core.errors import TrajlakeError
 from trajlake.store.outputs import check_output_path
@@ -78,7 +78,7 @@ def maintain(
 
 
 @lease_app.command("show")
-def lease_show(run_id: str = typer.Argument(..., help="The run id.")) -> None:
+def lease_show(run_id: str = typer.Argument(..., help="The run id.", callback=run_id_arg)) -> None:
     """Who holds a run's lease (host, pid, since when), or none."""
     from trajlake.store.lease import holder_of
 
@@ -88,7 +88,7 @@ def lease_show(run_id: str = typer.Argument(..., help="The run id.")) -> None:
 
 
 @lease_app.command("release")
-def lease_release(run_id: str = typer.Argument(..., help="The run id.")) -> None:
+def lease_release(run_id: str = typer.Argument(..., help="The run id.", callback=run_id_arg)) -> None:
     """Remove a run's lease whoever holds it: for a holder on a host that is gone for good (a holder on this host
     that died is taken over by the next run without this)."""
     from trajlake.store.lease import release_any

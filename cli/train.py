@@ -12,7 +12,7 @@ from typing import Optional
 import typer
 from typer.core import TyperCommand
 
-from trajlake.cli.common import PATH, State, check_finite, open_lake, path_arg
+from trajlake.cli.common import PATH, State, check_finite, open_lake, path_arg, run_id_arg
 from trajlake.cli.options import override_options
 from trajlake.core import display
 from trajlake.train.overrides import option_name
@@ -23,7 +23,7 @@ def train(
                                           parser=path_arg, metavar=PATH),
     replay: Optional[str] = typer.Option(
         None, "--replay", help="Recompute a step of this stored GRPO/PPO run (with --step) and compare its weights "
-        "with the stored checkpoint; trains nothing, writes nothing."),
+        "with the stored checkpoint; trains nothing, writes nothing.", callback=run_id_arg),
     step: Optional[int] = typer.Option(None, "--step", help="The step --replay recomputes (from 1)."),
     atol: float = typer.Option(0.0, "--atol", help="With --replay: the largest weight difference accepted as equal "
                                "(0: bit for bit)."),

@@ -8,7 +8,7 @@ from typing import Optional
 
 import typer
 
-from trajlake.cli.common import PATH, check_port, open_lake, path_arg
+from trajlake.cli.common import PATH, check_port, open_lake, path_arg, run_id_arg
 from trajlake.core import display
 from trajlake.store.outputs import check_output_path
 
@@ -48,7 +48,8 @@ def view(
 def report(
     out: Path = typer.Option(Path("reports/latest"), "--out", help="Folder for index.html and the PNG plots.",
                              parser=path_arg, metavar=PATH),
-    runs: Optional[list[str]] = typer.Option(None, "--runs", help="Only these train/eval runs (repeatable)."),
+    runs: Optional[list[str]] = typer.Option(None, "--runs", help="Only these train/eval runs (repeatable).",
+                                             callback=run_id_arg),
 ) -> None:
     """An HTML page with plots over the store (learning curves, KL and entropy, reward distributions, turns,
     policies side by side), each beside the query that made it."""

@@ -25,6 +25,7 @@ from rich.measure import Measurement
 from rich.table import Table
 from rich.text import Text
 
+from trajlake.core.atomic import atomic_output, write_text_atomically
 from trajlake.core.errors import TrajlakeError
 
 
@@ -185,12 +186,13 @@ def show(df: pl.DataFrame, max_rows: int = MAX_ROWS) -> None:
 
 
 def _write(out: Path, text: str | None = None, table: Table | None = None) -> None:
+    """Write `text` (or `table`) to the file `out`, beside it first and renamed over it (core/atomic.py)."""
+    if table is not None:
+        with io.StringIO() as buffer:
+            print_table(table, Console(file=buffer))
+            text = buffer.getvalue()
     try:
-        with open(out, "w") as f:
-            if table is not None:
-                print_table(table, Console(file=f))
-            else:
-                f.write(text)
+        write_text_atomically(out, text, encoding=None)
     except OSError as e:  # the file named, and why, in one line (not errno's "[Errno 2] ...")
         raise TrajlakeError(f"cannot write {out}: {e.strerror or e}") from None
 
@@ -204,7 +206,8 @@ def emit(df: pl.DataFrame, fmt: Format, out: Path | None, max_rows: int = MAX_RO
             raise TrajlakeError("--format parquet needs --out PATH")
         try:
             out.parent.mkdir(parents=True, exist_ok=True)
-            df.write_parquet(out)
+            with atomic_output(out) as fresh:
+                df.write_parquet(fresh)
         except OSError as e:  # the file named, and why, in one line
             raise TrajlakeError(f"cannot write {out}: {e.strerror or e}") from None
         console.print(f"wrote {df.height} rows to {out}")
@@ -235,10 +238,7 @@ def emit(df: pl.DataFrame, fmt: Format, out: Path | None, max_rows: int = MAX_RO
     else:
         text = df.write_json()
     if out is not None:
-        try:
-            Path(out).write_text(text)
-        except OSError as e:
-            raise TrajlakeError(f"cannot write {out}: {e.strerror}") from None
+        _write(out, text)
     else:
         _stdout(text if text.endswith("\n") else text + "\n")
 

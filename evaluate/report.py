@@ -24,6 +24,7 @@ from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 from matplotlib.ticker import MaxNLocator
 
+from trajlake.core.atomic import atomic_output, write_text_atomically
 from trajlake.core.clock import utc_now
 from trajlake.core.errors import TrajlakeError
 from trajlake.core.sql_text import sql_list
@@ -236,7 +237,7 @@ def build_report(lake: Lake, out_dir, runs: list[str] | None = None, viewer_url:
             f"</code>) · runs: {html.escape(shown)} · generated {when}</p>\n<nav>{nav}</nav>\n"
             + "\n".join(parts) + "\n</body></html>\n")
     index = out / "index.html"
-    index.write_text(page, encoding="utf-8")
+    write_text_atomically(index, page)
     return index
 
 
@@ -280,7 +281,8 @@ def _plain(text) -> str:
 
 def _save(fig: Figure, png: Path) -> str:
     fig.tight_layout()
-    FigureCanvasAgg(fig).print_png(str(png))
+    with atomic_output(png) as fresh:  # beside it, then renamed over it: a link at its name keeps its content
+        FigureCanvasAgg(fig).print_png(str(fresh))
     return f'<img src="{html.escape(png.name)}" alt="{html.escape(png.stem)}">'
 
 

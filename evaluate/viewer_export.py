@@ -11,17 +11,17 @@ export reads every page's rows at once, at the one pinned snapshot:
   chunk in memory at a time, so a big lake's export stays within a bounded amount of memory.
 
 Page names come from `Links.page_file` (ids encoded by `path_component`) and every file is written by
-`_write`, checked to lie inside the output folder, so no id, whatever it holds, names a file outside it.
+`_write`, checked to lie inside the output folder, so no id, whatever it holds, names a file outside it,
+and renamed over its name, so no link planted there carries the page into another file.
 """
 
 from __future__ import annotations
 
-import errno
-import os
 from pathlib import Path
 
 import polars as pl
 
+from trajlake.core.atomic import write_text_atomically
 from trajlake.core.errors import TrajlakeError
 from trajlake.core.progress import StepProgress
 from trajlake.evaluate.viewer_pages import RUN_PAGE_ROWS, RUNS_SQL, TURN_COLUMNS, Links, Pages, _tokenizer_for
@@ -69,19 +69,19 @@ def _inside(root: Path, path: Path) -> Path:
 
 
 def _write(root: Path, folder: str, name: str, text: str) -> None:
-    """Write `root/folder/name`, checked to lie inside `root`; O_NOFOLLOW: a link planted at the file's own
-    name is refused by the kernel, not followed."""
+    """Write `root/folder/name`, checked to lie inside `root`. A link planted at the file's own name is refused,
+    not followed; the page is written beside its name and renamed over it (core/atomic.py), so a hard link
+    planted there (to a lake file, say) keeps its content."""
     parent = _inside(root, root / folder) if folder else root
     target = parent / name
     if target.parent != parent or name in ("", ".", ".."):  # a name from path_component never does this
         raise TrajlakeError(f"page name {name!r} is not one file name")
+    if target.is_symlink():
+        raise TrajlakeError(f"cannot write viewer page {target}: it is a link")
     try:
-        fd = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o644)
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(text)
+        write_text_atomically(target, text)
     except OSError as e:
-        why = "it is a link" if e.errno == errno.ELOOP else (e.strerror or str(e))
-        raise TrajlakeError(f"cannot write viewer page {target}: {why}") from None
+        raise TrajlakeError(f"cannot write viewer page {target}: {e.strerror or e}") from None
 
 
 def _out_folder(out: str | Path) -> Path:

@@ -27,6 +27,7 @@ from typing import Any
 
 import pyarrow as pa
 
+from trajlake.core.atomic import atomic_output
 from trajlake.core.errors import TrajlakeError
 from trajlake.store.reads import check_episode_filter, episode_rewards, stored_episode_ids
 
@@ -118,8 +119,10 @@ def export_dataset(lake, out: str | Path, where: str = "true", *, spec=None, sna
     if not rows:
         raise TrajlakeError(f"--where {where!r} selects no episode: nothing to export")
     ds = datasets.Dataset(pa.Table.from_pylist(rows))
-    ds.save_to_disk(str(out))
-    ds.to_parquet(str(out / PARQUET))
+    out.parent.mkdir(parents=True, exist_ok=True)
+    with atomic_output(out, folder=True) as fresh:  # whole or not at all, never through a link planted in it
+        ds.save_to_disk(str(fresh))
+        ds.to_parquet(str(fresh / PARQUET))
     return len(rows)
 
 

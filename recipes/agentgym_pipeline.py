@@ -27,7 +27,7 @@ from pathlib import Path
 from trajlake.core.display import console, show
 from trajlake.core.errors import TrajlakeError
 from trajlake.core.paths import shared_dir
-from trajlake.recipes.entry import add_overrides, recipe_args, recipe_parser, run_recipe
+from trajlake.recipes.entry import add_overrides, check_folders, recipe_args, recipe_parser, run_recipe
 from trajlake.store import Lake
 
 DEFAULT_DATA = shared_dir() / "data" / "agentgym" / "textcraft" / "train.parquet"
@@ -154,6 +154,7 @@ def run(cfg: PipelineConfig) -> None:
     from trajlake.recipes.demo import build_model, evaluate_policies, results_table, train_stage
 
     t0 = time.perf_counter()
+    check_folders(cfg.lake, models=cfg.models, checkpoints=cfg.checkpoints)
     console.rule("1. the model")
     model = build_model(cfg.models, cfg.model)
     with server_url(cfg) as url, Lake.open(cfg.lake) as lake:

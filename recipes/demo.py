@@ -31,7 +31,7 @@ import polars as pl
 from trajlake.core.display import console, show
 from trajlake.core.errors import TrajlakeError
 from trajlake.core.paths import shared_dir
-from trajlake.recipes.entry import add_overrides, recipe_args, recipe_parser, run_recipe
+from trajlake.recipes.entry import add_overrides, check_folders, recipe_args, recipe_parser, run_recipe
 from trajlake.recipes.plateau import choose_rollout_temperature, rl_best_on_val, sft_to_plateau
 from trajlake.store import Lake
 
@@ -347,6 +347,7 @@ def run(cfg: DemoConfig) -> None:
     from trajlake.evaluate.report import build_report
 
     t0 = time.perf_counter()
+    check_folders(cfg.lake, models=cfg.models, checkpoints=cfg.checkpoints, report=cfg.report)
     console.rule("1. the model")
     model = build_model(cfg.models, cfg.model)
     with Lake.open(cfg.lake) as lake:

@@ -8,6 +8,7 @@ import argparse
 import signal
 import sys
 from collections.abc import Callable, Iterable
+from pathlib import Path
 from typing import Any
 
 from trajlake.core.display import TableFormat, set_table_format
@@ -44,6 +45,18 @@ def add_overrides(parser: argparse.ArgumentParser, names: Iterable[str], kind: t
         parser.add_argument(f"--{name.replace('_', '-')}", type=kind, default=None, help=f"override {name}")
 
 
+def check_folders(lake: str, **folders: Path) -> None:
+    """The folders a recipe writes (`--report`, `--checkpoints`, `--models`), checked against its lake before its
+    first stage as every `trajlake` output is (store/outputs.py): one line naming the option, not a report
+    refused, or checkpoints written among the lake's files, after an hour of training."""
+    from trajlake.store.outputs import check_output_path
+    from trajlake.store.uri import parse_uri
+
+    catalog = parse_uri(lake)
+    for option, folder in folders.items():
+        check_output_path(catalog, folder, f"--{option.replace('_', '-')}")
+
+
 def stop_cleanly_on_sigterm() -> None:
     """A SIGTERM (`kill`, a job scheduler's stop) raises SystemExit(143) instead of ending the process at once,
     so the recipe's `finally` blocks run: the environment server it started is stopped, not left orphaned."""
@@ -67,4 +80,4 @@ def run_recipe(run: Callable[[Any], Any], make_config: Callable[[], Any]) -> int
     return 0
 
 
-__all__ = ["recipe_parser", "recipe_args", "add_overrides", "run_recipe", "stop_cleanly_on_sigterm"]
+__all__ = ["recipe_parser", "recipe_args", "add_overrides", "check_folders", "run_recipe", "stop_cleanly_on_sigterm"]

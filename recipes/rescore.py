@@ -30,7 +30,7 @@ import polars as pl
 from trajlake.core.display import console, emit_vertical
 from trajlake.core.display import show as show_table
 from trajlake.core.errors import TrajlakeError
-from trajlake.recipes.entry import add_overrides, recipe_args, recipe_parser, run_recipe
+from trajlake.recipes.entry import add_overrides, check_folders, recipe_args, recipe_parser, run_recipe
 from trajlake.rewards import SPECS_DIR
 from trajlake.store import Lake
 
@@ -181,6 +181,7 @@ def run(cfg: RescoreConfig) -> pl.DataFrame:
     from trajlake.recipes.demo import build_model
 
     t0 = time.perf_counter()
+    check_folders(cfg.lake, models=cfg.models, checkpoints=cfg.checkpoints)
     model = build_model(cfg.models, "tiny")
     frames = []
     with Lake.open(cfg.lake) as lake:

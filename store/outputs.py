@@ -1,27 +1,46 @@
-"""Where a command may write its output: never onto the lake it reads.
+"""Where a command may write: never onto the lake it reads, under any name.
 
-`sql -o FILE` with FILE the lake's own catalog overwrote it, and exited 0. Every command that writes a file or
-folder a user names (sql and export outputs, the viewer's and the report's folders) resolves it first (symlinks
-included, so a link into the lake is caught at its target) and refuses any path that is, or lies inside, one of
-the lake's own: its folder (a DuckDB-file lake), its catalog file and the catalog's sidecar files (`-wal`,
-`-shm`, `.wal`, `.data/`...), and its local data path.
+`sql -o FILE` with FILE the lake's own catalog overwrote it, and exited 0. Every file or folder a user names for
+trajlake to write (sql and export outputs, the viewer's and the report's folders, a train config's
+checkpoint_dir, a model's --out, a recipe's report and checkpoint folders) goes through `check_output_path`,
+which refuses it when it is, or lies inside, one of the lake's own:
+
+* by path, resolved (symlinks followed, so a link into the lake is caught at its target): the lake's folder (a
+  DuckDB-file lake), its catalog file and the catalog's sidecar files (`-wal`, `-shm`, `.wal`, `.data/`...),
+  and its local data path;
+* by identity (device and inode, as `os.path.samefile` compares): a path resolving elsewhere can still be a
+  lake file under another name: a hard link to the catalog or a data file (`cp -al lake backup` makes them for
+  every file), or a folder of the lake reached through a bind mount. The lake's files and folders are listed
+  once per check (bounded by the lake) and the target and each of its folders compared with them.
+
+A symlink loop is refused by name. Files are then written beside their target and renamed over it
+(core/atomic.py), so even a link this check cannot see (made after it) keeps its content.
 """
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 from trajlake.core.errors import TrajlakeError
 from trajlake.store import objectstore
 from trajlake.store.uri import CatalogURI
 
+#: a file's identity: (device, inode)
+Identity = tuple[int, int]
+
 
 class OutputPathError(TrajlakeError):
     """An output path that would write onto the lake; nothing was written."""
 
 
-def _resolved(path: str | Path) -> Path:
-    return Path(path).expanduser().resolve()
+def _resolved(path: str | Path, what: str = "path") -> Path:
+    try:
+        return Path(path).expanduser().resolve()
+    except (RuntimeError, OSError) as e:  # Python raises RuntimeError("Symlink loop from ...") for a loop
+        raise OutputPathError(f"{what} {path} cannot be followed to a file: a symlink loop or a link too deep "
+                              f"({e.strerror if isinstance(e, OSError) and e.strerror else 'too many levels of links'})"
+                              ) from None
 
 
 def lake_paths(catalog: CatalogURI) -> tuple[list[Path], list[Path]]:
@@ -38,22 +57,79 @@ def lake_paths(catalog: CatalogURI) -> tuple[list[Path], list[Path]]:
     return folders, files
 
 
+def _is_sidecar(name: str, catalog: str) -> bool:
+    """Whether a name beside the catalog file is the catalog or one of its sidecars (`NAME-wal`, `NAME.data`)."""
+    return name == catalog or (name.startswith(catalog) and name[len(catalog)] in "-.")
+
+
+def lake_identities(catalog: CatalogURI) -> tuple[set[Identity], set[Identity]]:
+    """(identities of the lake's files, identities of its folders): everything under its folders, the catalog
+    and its sidecars (folders walked, links inside them not followed: they are not the lake's own files)."""
+    folders, files = lake_paths(catalog)
+    roots = list(folders)
+    for file in files:
+        try:
+            roots += [file.parent / e for e in os.listdir(file.parent) if _is_sidecar(e, file.name)]
+        except OSError:  # no folder (a lake not made yet): nothing of it to overwrite
+            pass
+    file_ids: set[Identity] = set()
+    folder_ids: set[Identity] = set()
+    for root in roots:
+        try:
+            st = os.stat(root)
+        except OSError:
+            continue
+        if not os.path.isdir(root):
+            file_ids.add((st.st_dev, st.st_ino))
+            continue
+        folder_ids.add((st.st_dev, st.st_ino))
+        for parent, dirs, names in os.walk(root):
+            for name in dirs + names:
+                try:
+                    st = os.lstat(os.path.join(parent, name))
+                except OSError:  # removed meanwhile (a maintain in another process)
+                    continue
+                (folder_ids if name in dirs else file_ids).add((st.st_dev, st.st_ino))
+    return file_ids, folder_ids
+
+
+def _refuse_by_identity(catalog: CatalogURI, target: Path, path: str | Path, what: str) -> None:
+    """OutputPathError when `target`, or a folder above it, is a lake file or folder under another name."""
+    file_ids, folder_ids = lake_identities(catalog)
+    for candidate in (target, *target.parents):
+        try:
+            st = os.stat(candidate)
+        except OSError:  # not there (yet), or under a file: nothing of the lake
+            continue
+        key = (st.st_dev, st.st_ino)
+        if candidate == target and key in file_ids:
+            raise OutputPathError(f"{what} {path} is inside the lake ({lake_where(catalog)}): it is one of the "
+                                  "lake's files under another name (a hard link?); write outputs elsewhere")
+        if key in folder_ids:
+            raise OutputPathError(f"{what} {path} is inside the lake ({lake_where(catalog)}): {candidate} is one of "
+                                  "the lake's folders under another name (a bind mount?); write outputs elsewhere")
+
+
+def lake_where(catalog: CatalogURI) -> str:
+    """The lake's local place, as a refusal names it: its catalog file, else its data path."""
+    return str(catalog.catalog_path or catalog.data_path)
+
+
 def check_output_path(catalog: CatalogURI, path: str | Path, what: str) -> Path:
-    """The resolved `path` if writing there cannot touch the lake of `catalog`; else OutputPathError naming
-    `what` (e.g. "sql --out")."""
-    target = _resolved(path)
+    """The resolved `path` (a file or a folder to write) if writing there cannot touch the lake of `catalog`;
+    else OutputPathError naming `what` (the option, e.g. "sql --out") and the lake."""
+    target = _resolved(path, what)
     folders, files = lake_paths(catalog)
     for folder in folders:
         if target == folder or folder in target.parents:
             raise OutputPathError(f"{what} {path} is inside the lake ({folder}): write outputs elsewhere")
     for file in files:
         for candidate in (target, *target.parents):
-            name = candidate.name
-            if candidate.parent == file.parent and (name == file.name or name[len(file.name):][:1] in ("-", ".")
-                                                    and name.startswith(file.name)):
+            if candidate.parent == file.parent and _is_sidecar(candidate.name, file.name):
                 raise OutputPathError(f"{what} {path} is inside the lake (its catalog {file} and the files "
                                       "beside it): write outputs elsewhere")
+    _refuse_by_identity(catalog, target, path, what)
     return target
 
 
-__all__ = ["OutputPathError", "check_output_path", "lake_paths"]
+__all__ = ["OutputPathError", "check_output_path", "lake_identities", "lake_paths", "lake_where"]

@@ -138,6 +138,10 @@ def setting(request, tmp_path_factory, tiny):
     target = catalog if catalog is not None else data
     os.symlink(target, work / "link-to-catalog")
     os.symlink(data, work / "link-to-data")
+    # hard links (what `cp -al lake backup` makes): the lake's files under names that resolve outside it
+    data_file = next(Path(data).rglob("*.parquet"))
+    os.link(catalog if catalog is not None else data_file, work / "hardlink-to-catalog")
+    os.link(data_file, work / "hardlink-to-data.parquet")
     values = {"lake": lake, "tmp": str(work), "root": str(root), "tiny": str(tiny), "file": str(work / "a-file.txt"),
               "bad_toml": str(work / "bad.toml"), "spec": str(spec), "jsonl": str(work / "one.jsonl"),
               "out": str(work / "out"), "catalog": str(target), "data": str(data),

@@ -1,5 +1,6 @@
 """Path tricks for every option that names a file or folder, generated: outputs onto the lake (its catalog
-file, a symlink to it, its data folder, `../` back into it), outputs onto /dev/null, a folder or under a file;
+file, a symlink to it, a hard link to it or to a data file, its data folder, `../` back into it; every output,
+a model's folder included, knows the lake --lake names), outputs onto /dev/null, a folder or under a file;
 inputs that are /dev/null, a folder, the binary catalog, missing, or too long. Each case asserts what
 tests/bad_inputs_common.check_case does, and that nothing is written outside the folder it may write into.
 Ids that come from data (episode ids, envs holding `../`) must not climb out of the viewer's output folder.
@@ -26,7 +27,7 @@ OUTPUTS = [
     ("export --dataset", [*L, "export"], ["--dataset"]),
     ("view --out", [*L, "view", "--out"], []),
     ("report --out", [*L, "report", "--out"], []),
-    ("model tiny --out", ["model", "tiny", "--out"], []),
+    ("model tiny --out", [*L, "model", "tiny", "--out"], []),
 ]
 #: where an output must never go: the lake (refused naming it) or somewhere that is not a writable file
 ONTO_THE_LAKE = [
@@ -35,6 +36,8 @@ ONTO_THE_LAKE = [
     ("in the data folder", "{data}/x.parquet"),
     ("symlink into the data folder", "{tmp}/link-to-data/x.parquet"),
     ("../ into the data folder", "{out}/../link-to-data/x.parquet"),
+    ("hard link to the catalog", "{tmp}/hardlink-to-catalog"),
+    ("hard link to a data file", "{tmp}/hardlink-to-data.parquet"),
 ]
 #: (name, path, exit code, text) per output command where the answer differs between commands: None: any
 #: one line (the command's own words for "not a writable file")
@@ -48,10 +51,6 @@ def _output_cases() -> list:
     out = []
     for name, before, after in OUTPUTS:
         for trick, path in ONTO_THE_LAKE:
-            # model tiny knows no lake: it is refused there as an existing non-folder, or writes into the data
-            # folder's neighbour only; the lake's own commands must say "inside the lake"
-            if name.startswith("model"):
-                continue
             out.append(case([*before, path, *after], 1, "inside the lake", id=f"{name} onto the lake: {trick}"))
         for trick, path, text in NOT_WRITABLE:
             if name == "sql -o" and trick == "an existing file as a folder":

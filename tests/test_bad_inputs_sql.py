@@ -134,9 +134,10 @@ def _payload_cases() -> list:
                  id=f"evaluate run:payload {i}"),
             case([*L, "collect", "--env", "doors", "--policy", "scripted:doors", "--tokenizer", "{tiny}", "--run-id",
                   p], 1, "--run-id", id=f"collect --run-id payload {i}"),
-            case([*L, "train", "--replay", p, "--step", "1"], 1, "no run", id=f"train --replay payload {i}"),
+            # run ids: refused as ids (cli.common.run_id_arg) before any lake lookup
+            case([*L, "train", "--replay", p, "--step", "1"], 1, "--replay", id=f"train --replay payload {i}"),
             case([*L, "view", "--out", "{out}/site", "--spec", p], 1, "reward spec", id=f"view --spec payload {i}"),
-            case([*L, "report", "--out", "{out}/report", "--runs", p], 1, "unknown run id",
+            case([*L, "report", "--out", "{out}/report", "--runs", p], 1, "--runs",
                  id=f"report --runs payload {i}"),
             case([*L, "sql", f"SELECT {_quote(p)} AS x", "-f", "json"], 0, id=f"sql payload literal {i}: fine"),
         ]

@@ -15,6 +15,7 @@ from trajlake.core.errors import TrajlakeError
 from trajlake.schemas import Run
 from trajlake.store import Lake, runs
 from trajlake.store import lease as run_lease
+from trajlake.store.outputs import check_output_path
 from trajlake.train.algos import ALGOS
 from trajlake.train.checkpoint import (
     PolicyRow,
@@ -53,6 +54,9 @@ class TrainRun:
         rid = config.run_id or runs.new_run_id(kind)
 
         def resolve():
+            # the checkpoints and the trackers' logs (under <checkpoint_dir>/<run>) must not land among the lake's
+            # files: refused here, before the lease, the model or the engines
+            check_output_path(lake.catalog, config.checkpoint_dir, "train config: checkpoint_dir")
             run_lease.check(lake, rid)  # another live process runs it: refused before any work (reads only)
             try:
                 start_path, start_pid, base, new_row = resolve_model(lake, config.model)
