@@ -49,11 +49,35 @@ def train(
         return
     if config is None:
         raise typer.BadParameter("Missing option '--config' (or --replay RUN_ID --step N)")
+    refuse_a_held_run(config, overrides or {})
     from trajlake.train.config import load_config
     from trajlake.train.loop import run
 
     result = run(load_config(config, **overrides), State.lake_uri)
     display.console.print(f"run {result.run_id}: step {result.step}, policy {result.policy_id}")
+
+
+def refuse_a_held_run(config: Path, overrides: dict) -> None:
+    """The run's lease, checked before torch, DeepSpeed and the config's own checks load (seconds on a busy
+    machine): a second `trajlake train` on a run id that a live process holds is refused at once. Anything this
+    cannot read (a bad file, a bad id, a lake that does not exist yet) is left to load_config and the loop, which
+    name it in their own words; the loop checks the lease again and takes it before its engines."""
+    import tomllib
+
+    from trajlake.core.errors import TrajlakeError
+    from trajlake.core.ids import check_id
+    from trajlake.store.lease import RunLeasedError, check
+
+    try:
+        run_id = check_id(overrides.get("run_id") or tomllib.loads(config.read_text()).get("run_id"))
+        if run_id is None:
+            return  # a new run id is generated: no other process can hold it
+        with open_lake(read_only=True) as lake:
+            check(lake, run_id)
+    except RunLeasedError:
+        raise
+    except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError, TrajlakeError):
+        return
 
 
 def command() -> TyperCommand:

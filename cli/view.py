@@ -3,6 +3,7 @@ and `report` (an HTML page of plots, each beside its query)."""
 
 from __future__ import annotations
 
+import signal
 from pathlib import Path
 from typing import Optional
 
@@ -27,6 +28,7 @@ def view(
     reply tokens shaded by the reward allocated to them. Served on 127.0.0.1 until Ctrl-C, or exported."""
     from trajlake.evaluate.viewer import Viewer, export_site
 
+    ctrl_c_stops()
     check_port(port)  # outside 0..65535 the socket layer raised OverflowError
     with open_lake(read_only=True) as lake:
         if out is not None:
@@ -38,11 +40,21 @@ def view(
             raise typer.BadParameter("--spec and --max-episodes go with --out (served pages choose the spec on the "
                                      "page)")
         viewer = Viewer(lake, snapshot=snapshot, port=port)
-        display.console.print(f"trajlake viewer at {viewer.url} (snapshot {viewer.snapshot}); Ctrl-C stops it")
-        try:
+        try:  # Ctrl-C is how it ends, from the moment it says so
+            display.console.print(f"trajlake viewer at {viewer.url} (snapshot {viewer.snapshot}); Ctrl-C stops it")
             viewer.serve()
         except KeyboardInterrupt:
+            pass
+        finally:
             viewer.close()
+
+
+def ctrl_c_stops() -> None:
+    """Ctrl-C (SIGINT) raises KeyboardInterrupt here whatever the process inherited: a command started in the
+    background by a non-interactive shell (`trajlake view &` in a script) inherits SIGINT ignored, Python keeps
+    that, and a served viewer then ignored Ctrl-C and `kill -INT` and served on. The viewer is interactive: the
+    user's interrupt stops it."""
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 def report(

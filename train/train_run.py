@@ -1,8 +1,8 @@
 """A train or sft run as the loops see it (`TrainRun`): its process group, run id, resume point, engines and
 its row in the run ledger (trajlake.store.runs), and `on_main`, how rank 0's store reads reach every rank.
 
-Constructing a TrainRun only reads; `acquire` takes the run id's lease, `start` makes the run's first write,
-`finish` / `fail` end it. The loops (train/loop.py) and their rollouts (train/rollouts.py) both use it.
+Constructing a TrainRun only reads; `build` takes the run id's lease before its engines, `start` makes the run's
+first write, `finish` / `fail` end it. The loops (train/loop.py) and their rollouts (train/rollouts.py) both use it.
 """
 
 from __future__ import annotations
@@ -122,9 +122,17 @@ class TrainRun:
         runs.restart(self.lake, self.stored, stage="train", config=config)
 
     def build(self, critic: bool = False, ref: bool = False) -> Engines:
-        engines = build_engines(self.cfg, self.model_path, critic=critic, ref=ref, ref_path=self.start_path,
-                                  critic_path=self.start_path)
-        self.state = load_state(engines, self.model_path) if self.resume else {}
+        """The engines, once the run's lease is held: DeepSpeed's setup takes seconds to minutes (more where it
+        builds an op on first use), and a second process with this run id must be refused before it, not after.
+        A failed build gives the lease back."""
+        self.acquire()
+        try:
+            engines = build_engines(self.cfg, self.model_path, critic=critic, ref=ref, ref_path=self.start_path,
+                                    critic_path=self.start_path)
+            self.state = load_state(engines, self.model_path) if self.resume else {}
+        except BaseException:
+            self.release()
+            raise
         return engines
 
     def checkpoint(self, engines: Engines, state: dict[str, Any]) -> tuple[PolicyRow, Any]:
