@@ -14,6 +14,16 @@ from trajlake.store.outputs import check_output_path
 
 import_app = typer.Typer(help="Import trajectories from other tools' files.", no_args_is_help=True)
 
+#: the caps on one imported row (interop/importers/limits.py says why these defaults)
+MAX_FIELD_HELP = "Refuse a row holding a text over this many megabytes (default 1)."
+MAX_ROW_HELP = "Refuse a row over this many megabytes (default 4)."
+
+
+def _limits(max_field_mb: Optional[float], max_row_mb: Optional[float]):
+    from trajlake.interop.importers.limits import Limits
+
+    return Limits.from_mb(max_field_mb, max_row_mb)
+
 
 def export(
     path: Path = typer.Argument(..., help="Parquet file to write (--query), or a new folder (--dataset).",
@@ -58,6 +68,8 @@ def import_agentgym(
     env: Optional[str] = typer.Option(
         None, "--env", help="Env the episodes are stored under (default: data_source), e.g. agentgym/textcraft."),
     split: Optional[str] = typer.Option(None, "--split", help="Split when the files do not say."),
+    max_field_mb: Optional[float] = typer.Option(None, "--max-field-mb", help=MAX_FIELD_HELP, show_default=False),
+    max_row_mb: Optional[float] = typer.Option(None, "--max-row-mb", help=MAX_ROW_HELP, show_default=False),
 ) -> None:
     """Import OpenManus-RL / AgentGym trajectories as episodes and turns with exact token ids."""
     from trajlake.interop.importers.agentgym import check_labels
@@ -66,8 +78,9 @@ def import_agentgym(
     # checked before the lake opens: an empty --run-id was replaced by a generated one, an empty --env or
     # --split by the file's own (the user's word must be used as given, or refused)
     check_labels(run_id=run_id, env=env, split=split, what="--{}")
+    limits = _limits(max_field_mb, max_row_mb)
     with open_lake() as lake:
-        result = run_import(lake, paths, tokenizer, run_id=run_id, env=env, split=split)
+        result = run_import(lake, paths, tokenizer, run_id=run_id, env=env, split=split, limits=limits)
     display.console.print(str(result))
 
 
@@ -75,13 +88,16 @@ def import_agentgym(
 def import_dataset(
     path: Path = typer.Argument(..., help="A folder `trajlake export --dataset` wrote (or its parquet files).",
                                 parser=path_arg, metavar=PATH),
+    max_field_mb: Optional[float] = typer.Option(None, "--max-field-mb", help=MAX_FIELD_HELP, show_default=False),
+    max_row_mb: Optional[float] = typer.Option(None, "--max-row-mb", help=MAX_ROW_HELP, show_default=False),
 ) -> None:
     """Store the episodes of an exported datasets dataset (with their turns, runs and tasks); those already
     stored are skipped."""
     from trajlake.interop.hf_dataset import import_dataset as run_import
 
+    limits = _limits(max_field_mb, max_row_mb)
     with open_lake() as lake:
-        got = run_import(lake, path)
+        got = run_import(lake, path, limits=limits)
     display.console.print(", ".join(f"{k}: {v}" for k, v in got.items()))
 
 

@@ -22,6 +22,7 @@ The folder holds the dataset as `save_to_disk` writes it (`datasets.load_from_di
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -29,6 +30,8 @@ import pyarrow as pa
 
 from trajlake.core.atomic import atomic_output
 from trajlake.core.errors import TrajlakeError
+from trajlake.interop.importers.limits import Limits, check_row
+from trajlake.interop.importers.records import ARROW_BATCH, arrow_rows, parquet_batches, parquet_columns
 from trajlake.store.reads import check_episode_filter, episode_rewards, stored_episode_ids
 
 PARQUET = "episodes.parquet"
@@ -126,40 +129,56 @@ def export_dataset(lake, out: str | Path, where: str = "true", *, spec=None, sna
     return len(rows)
 
 
-def _load(folder: Path):
-    import datasets
-
+def _sources(folder: Path) -> list[tuple[str, Any]]:
+    """Where the rows are, as (name, source): a folder save_to_disk wrote, as its memory-mapped Arrow table
+    (read a batch at a time, never whole), else each parquet file (the folder's, or the file given)."""
     if (folder / "dataset_info.json").is_file():
-        return datasets.load_from_disk(str(folder))
-    files = sorted(str(p) for p in folder.glob("*.parquet")) if folder.is_dir() else \
-        [str(folder)] if folder.suffix == ".parquet" else []
+        import datasets
+
+        return [(str(folder), datasets.load_from_disk(str(folder)).data.table)]
+    files = sorted(folder.glob("*.parquet")) if folder.is_dir() else [folder] if folder.suffix == ".parquet" else []
     if not files:
         raise TrajlakeError(f"{folder}: no dataset here (a folder saved with save_to_disk, or parquet files)")
-    return datasets.load_dataset("parquet", data_files=files, split="train")
+    return [(str(f), f) for f in files]
+
+
+def _rows(sources: list[tuple[str, Any]], limits: Limits) -> Iterator[dict[str, Any]]:
+    """Every row of every source, each measured in Arrow and held to `limits` before it is used (as an import
+    of AgentGym files is: interop/importers/records.py)."""
+    for name, source in sources:
+        batches = (source.to_batches(max_chunksize=ARROW_BATCH) if isinstance(source, pa.Table)
+                   else parquet_batches(source, limits))
+        for _, where, row in arrow_rows(batches, f"{name} row", limits):
+            check_row(row, where, limits)
+            yield row
 
 
 def _json(text: Any) -> Any:
     return json.loads(text) if isinstance(text, str) else text
 
 
-def import_dataset(lake, folder: str | Path) -> dict[str, int]:
+def import_dataset(lake, folder: str | Path, *, limits: Limits = Limits()) -> dict[str, int]:
     """Store the episodes of a dataset `export_dataset` wrote (their runs, tasks and turns) in `lake`, in one
-    snapshot; episodes already stored are skipped. Returns the rows written per table."""
+    snapshot; episodes already stored are skipped. Rows are read a batch at a time and each is held to `limits`
+    (its size, a text's size, its nesting, finite numbers) before anything is written. Returns the rows
+    written per table."""
     from trajlake.schemas import Episode, Run, Task, Turn
     from trajlake.store import runs as ledger
 
     folder = Path(folder)
-    ds = _load(folder)
+    sources = _sources(folder)
     needed = {*EPISODE_FIELDS, "turns", "run_kind", "run_config"}
-    missing = sorted(needed - set(ds.column_names))
-    if missing:
-        raise TrajlakeError(f"{folder}: not a trajlake episode dataset (no column {', '.join(missing)}); "
-                            "trajlake import agentgym reads AgentGym's conversation files")
-    rows = ds.to_list()
+    for name, source in sources:
+        columns = source.column_names if isinstance(source, pa.Table) else parquet_columns(source)
+        missing = sorted(needed - set(columns))
+        if missing:
+            raise TrajlakeError(f"{name}: not a trajlake episode dataset (no column {', '.join(missing)}); "
+                                "trajlake import agentgym reads AgentGym's conversation files")
     have = stored_episode_ids(lake)
-    rows = [r for r in rows if r["episode_id"] not in have]
     runs, tasks, episodes, turns = {}, {}, [], []
-    for r in rows:
+    for r in _rows(sources, limits):
+        if r["episode_id"] in have:
+            continue
         if r["run_id"] and r["run_kind"]:
             runs.setdefault(r["run_id"], Run(r["run_id"], r["run_kind"], config=_json(r["run_config"]),
                                              status="finished", parent_run_id=r.get("run_parent_id")))

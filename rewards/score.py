@@ -101,6 +101,20 @@ def check_finite(result: pa.Table, spec: RewardSpec) -> None:
                            f"{comps.get(name, total[row].as_py())} (not finite)")
 
 
+def check_turns_finite(turn: pa.Table, spec: RewardSpec) -> None:
+    """NaN or infinite process rewards (turn_rewards) are an error naming the episode, the turn and the spec's
+    per-turn components: an episode's total can be finite while one of its turns is not (a component whose
+    episode value does not sum its turns)."""
+    bad = pc.fill_null(pc.invert(pc.is_finite(turn["reward"])), False)
+    if not len(bad) or not pc.any(bad).as_py():
+        return
+    row = pc.index(bad, True).as_py()
+    names = ", ".join(c.name for c in spec.components if get_kind(c.kind).per_turn)
+    raise RewardValueError(f"episode {turn['episode_id'][row]} turn {turn['turn'][row]}: the process reward of "
+                           f"spec {spec.name} is {turn['reward'][row].as_py()} (not finite), from its per-turn "
+                           f"component(s) {names}")
+
+
 def check_where(where: str | None) -> None:
     """Refuse a `where` that is not one SQL expression: it is pasted into queries, and a `)` or `;` in it could
     end the expression and run SQL of its own."""
@@ -143,6 +157,7 @@ def score(lake: Lake, spec: RewardSpec, *, snapshot: int | None = None, where: s
     tr_sql = turn_rewards_query(spec, "scored")
     if tr_sql and result.num_rows:
         turn = lake.query(tr_sql, snapshot=snap, output="arrow", tables={"scored": result.select(["episode_id"])})
+        check_turns_finite(turn, spec)
         rows["turn_rewards"] = turn.filter(pc.not_equal(turn["reward"], 0.0))
     commit = lake.append(rows, stage="rewards", run_id=run_id,
                          message=f"rewards: {spec.name} ({spec.spec_id}) over snapshot {snap}: "

@@ -69,6 +69,11 @@ class Backend:
     cleanup_in_transaction: bool = False
     """Whether file cleanup must run in one transaction with its check (SQLite: the scheduled files could
     change between them)."""
+    magic: tuple[int, bytes] | None = None
+    """(offset, bytes) every catalog file of this kind holds, so a file of another kind is told apart before
+    anything opens or prepares it (a text file given as the lake ended as "internal error (DatabaseError)")."""
+    label: str = ""
+    """The database's name for messages (DuckDB, SQLite)."""
 
 
 #: every catalog backend, by name
@@ -141,11 +146,28 @@ class CatalogURI:
         if not path.exists():
             where = path.parent if self.kind.folder_lake else path
             return f"no lake at {where} (a write command such as collect or import creates one)"
-        return None
+        return self.not_a_catalog()
+
+    def not_a_catalog(self) -> str | None:
+        """Why the catalog file is not one (a file of another kind; None: it may be, or there is none yet). An
+        empty file is left to the database, which makes a new catalog in it."""
+        path, magic = self.catalog_path, self.kind.magic
+        if path is None or magic is None or not path.is_file() or path.stat().st_size == 0:
+            return None
+        offset, expected = magic
+        with open(path, "rb") as f:
+            head = f.read(offset + len(expected))
+        if head[offset:] == expected:
+            return None
+        return f"{path} is not a {self.kind.label} database (a file of another kind); a new lake needs a new path"
 
     def prepare(self) -> None:
-        """Create local folders the catalog and data need (nothing for remote paths)."""
+        """Create local folders the catalog and data need (nothing for remote paths); a catalog file of another
+        kind is refused first, so nothing is made beside it."""
         path = self.catalog_path
+        why = self.not_a_catalog()
+        if why:
+            raise CatalogError(f"cannot open lake {self.raw}: {why}")
         if path is not None:
             path.parent.mkdir(parents=True, exist_ok=True)
             if self.kind.prepare:
@@ -169,6 +191,9 @@ def _use_wal(path: str) -> None:
     except sqlite3.OperationalError as e:  # "database is locked": another process has it; a later open switches
         if "locked" not in str(e):
             raise
+    except sqlite3.DatabaseError as e:  # "file is not a database": a text file, say, given as sqlite:FILE
+        raise CatalogError(f"cannot open lake sqlite:{path}: {path} is not a SQLite database ({e}); a new lake "
+                           "needs a new path") from None
     finally:
         con.close()
 
@@ -246,10 +271,11 @@ CATALOGS.add("duckdb", Backend(
     name="duckdb", schemes=(), parse=_parse_folder, multi_process=False, catalog_file=True, folder_lake=True,
     # DuckLake inlines small inserts into a DuckDB-file catalog with DOUBLEs rounded to 16 digits
     # (0.09719760778190321 is read back as 0.0971976077819032): write every insert to parquet instead.
-    attach_options=("DATA_INLINING_ROW_LIMIT 0",)))
+    attach_options=("DATA_INLINING_ROW_LIMIT 0",), magic=(8, b"DUCK"), label="DuckDB"))
 CATALOGS.add("sqlite", Backend(
     name="sqlite", schemes=("sqlite",), parse=_parse_sqlite, multi_process=True, scanner="sqlite_scanner",
-    catalog_file=True, prepare=_use_wal, cleanup_in_transaction=True))
+    catalog_file=True, prepare=_use_wal, cleanup_in_transaction=True, magic=(0, b"SQLite format 3\x00"),
+    label="SQLite"))
 CATALOGS.add("postgres", Backend(
     name="postgres", schemes=("postgres", "postgresql"), parse=_parse_postgres, multi_process=True,
     scanner="postgres_scanner", missing_on_read_only=("read-only mode", "creating a new DuckLake")))

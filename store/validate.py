@@ -96,6 +96,7 @@ def conform(data: Any, tdef: TableDef) -> pa.Table:
             raise SchemaError(f"{tdef.name}.{f.name}: {col.null_count} null value(s) in a required column")
         columns.append(col)
     out = _fill_list_lengths(pa.Table.from_arrays(columns, schema=schema), tdef)
+    _check_finite(out, tdef)
     _check_json(out, tdef)
     _check_unique_keys(out, tdef)
     return out
@@ -115,6 +116,29 @@ def _fill_list_lengths(table: pa.Table, tdef: TableDef) -> pa.Table:
                     f"{lengths[i].as_py()} ids; leave {column} out and the store computes it")
         table = table.set_column(table.schema.get_field_index(column), table.schema.field(column), lengths)
     return table
+
+
+#: The numbers rewards, advantages and reports read. A NaN or inf there spreads into every mean, advantage and
+#: update taken over it, so none is stored. Each door refuses first, naming its own input (an imported file's
+#: row and field, an env server's reply, a reward component and its episode or turn); this is the last line,
+#: for a writer that forgot (a train run's metrics are JSON, where train/checkpoint.clean_metrics nulls them).
+FINITE_COLUMNS = {"episodes": ("env_reward",), "turns": ("step_reward",),
+                  "episode_rewards": ("total", "components"), "turn_rewards": ("reward",)}
+
+
+def _check_finite(table: pa.Table, tdef: TableDef) -> None:
+    for name in FINITE_COLUMNS.get(tdef.name, ()):
+        col = table.column(name).combine_chunks()
+        if pa.types.is_map(col.type):  # a MAP's numbers (episode_rewards.components), as a list per row
+            col = pa.ListArray.from_arrays(col.offsets, col.items)
+        values = col.flatten() if pa.types.is_list(col.type) else col
+        bad = pc.fill_null(pc.invert(pc.is_finite(values)), False) if len(values) else None
+        if bad is None or not pc.any(bad).as_py():
+            continue
+        i = pc.index(bad, True).as_py()
+        row = pc.list_parent_indices(col)[i].as_py() if values is not col else i
+        raise SchemaError(f"{tdef.name}.{name}: row {row} holds {values[i].as_py()}, not a finite number (rewards "
+                          "and the reports and updates over them need finite numbers); nothing was written")
 
 
 _JSON_DB: tuple[int, duckdb.DuckDBPyConnection] | None = None

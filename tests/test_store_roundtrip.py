@@ -31,7 +31,7 @@ from trajlake.schemas import (
 )
 from trajlake.schemas.tables import LOGPROBS, TIMESTAMP, TOKEN_IDS, is_json
 from trajlake.store import Lake
-from trajlake.store.validate import conform
+from trajlake.store.validate import FINITE_COLUMNS, conform
 
 EXAMPLES = settings(
     max_examples=8,
@@ -47,6 +47,8 @@ INT32 = st.integers(-(2**31), 2**31 - 1)
 INT64 = st.integers(-(2**63), 2**63 - 1)
 # NaN != NaN would make equality meaningless; inf is kept; fractions n/2**53 mostly need all 17 digits
 FLOAT64 = st.floats(allow_nan=False) | st.integers(1, 2**53 - 1).map(lambda n: n / 2**53)
+#: the reward columns (store/validate.FINITE_COLUMNS) refuse inf too
+FINITE64 = st.floats(allow_nan=False, allow_infinity=False) | st.integers(1, 2**53 - 1).map(lambda n: n / 2**53)
 FLOAT32 = st.floats(width=32, allow_nan=False)
 ZONES = st.sampled_from([timezone.utc, timezone(timedelta(hours=5, minutes=30)), timezone(timedelta(hours=-8))])
 # aware datetimes in any of a few zones: the store keeps the instant (read back in UTC)
@@ -61,8 +63,9 @@ JSON = st.recursive(
 )
 
 
-def value_strategy(field: pa.Field) -> st.SearchStrategy:
+def value_strategy(field: pa.Field, finite: bool = False) -> st.SearchStrategy:
     t = field.type
+    float64 = FINITE64 if finite else FLOAT64
     if is_json(field):
         s = JSON
     elif t == pa.string():
@@ -72,7 +75,7 @@ def value_strategy(field: pa.Field) -> st.SearchStrategy:
     elif t == pa.int64():
         s = INT64
     elif t == pa.float64():
-        s = FLOAT64
+        s = float64
     elif t == pa.bool_():
         s = st.booleans()
     elif t == TIMESTAMP:
@@ -84,7 +87,7 @@ def value_strategy(field: pa.Field) -> st.SearchStrategy:
     elif t == pa.list_(pa.string()):
         s = st.lists(TEXT, max_size=4).map(tuple)
     elif pa.types.is_map(t):
-        s = st.dictionaries(MAP_KEY, FLOAT64, max_size=4)  # {} included
+        s = st.dictionaries(MAP_KEY, float64, max_size=4)  # {} included
     else:
         raise AssertionError(f"no strategy for {field}")
     return st.none() | s if field.nullable else s
@@ -95,7 +98,9 @@ def rows_strategy(table: str, max_rows: int = 14) -> st.SearchStrategy:
     tdef = TABLES[table]
     cls = RECORD_TYPES[table]
     derived = {c for c, _ in tdef.list_lengths}  # the store computes these; writers leave them out
-    non_key = {f.name: value_strategy(f) for f in tdef.schema if f.name not in tdef.key and f.name not in derived}
+    finite = FINITE_COLUMNS.get(table, ())
+    non_key = {f.name: value_strategy(f, f.name in finite) for f in tdef.schema
+               if f.name not in tdef.key and f.name not in derived}
     key_text = {f.name: TEXT if f.type == pa.string() else value_strategy(f) for f in tdef.schema if f.name in tdef.key}
 
     @st.composite

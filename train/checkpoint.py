@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 import math
+import numbers
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -120,13 +121,35 @@ def load_state(engines: Engines, path: str | Path) -> dict[str, Any]:
 
 
 def clean_metrics(metrics: dict[str, Any]) -> dict[str, Any]:
-    """JSON-safe metrics: floats rounded, NaN/inf as null."""
-    out = {}
-    for k, v in metrics.items():
-        if isinstance(v, float):
-            v = None if not math.isfinite(v) else round(v, 6)
-        out[k] = v
+    """JSON-safe metrics (train_steps and metrics.jsonl): numbers as plain Python numbers (numpy and one-element
+    torch values too), floats rounded, and a NaN or inf as null with its name listed under `non_finite`. A NaN
+    never lands as a number (JSON has none, and a report's mean over it would be NaN); a metric with no value
+    (a mean over nothing) stays visible as such. The loss is never stored non-finite: train/finite.py stops the
+    run before its step is stored."""
+    bad: list[str] = []
+    out = {k: _clean(v, k, bad) for k, v in metrics.items()}
+    if bad:
+        out["non_finite"] = bad
     return out
+
+
+def _clean(v: Any, name: str, bad: list[str]) -> Any:
+    if isinstance(v, torch.Tensor) and v.numel() == 1:
+        v = v.item()
+    if v is None or isinstance(v, (bool, str)):
+        return v
+    if isinstance(v, numbers.Integral):
+        return int(v)
+    if isinstance(v, numbers.Real):
+        if math.isfinite(v):
+            return round(float(v), 6)
+        bad.append(name)
+        return None
+    if isinstance(v, dict):
+        return {k: _clean(x, f"{name}.{k}", bad) for k, x in v.items()}
+    if isinstance(v, (list, tuple)):
+        return [_clean(x, f"{name}[{i}]", bad) for i, x in enumerate(v)]
+    return v
 
 
 def commit(lake: Lake, *, run_id: str, step: int, metrics: dict[str, Any], snapshot_read: int | None,

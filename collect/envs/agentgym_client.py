@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import math
 import re
 import time
 from typing import Any
@@ -400,12 +401,17 @@ def _field(reply: Any, key: str | None) -> Any:
 
 
 def _number(value: Any, key: str, url: str) -> float:
+    """A reply's number; one that is not finite (JSON NaN, Infinity, 1e999, an integer past a float's range) is
+    refused like any malformed reply: stored as a reward, it would turn every mean and advantage over it NaN."""
     if value is None:
         return 0.0
     try:
-        return float(value)
-    except (TypeError, ValueError):
+        number = float(value)
+    except (TypeError, ValueError, OverflowError):
         raise EnvServerError(f"{url}: {key} is not a number: {_clip(value)}", 200) from None
+    if not math.isfinite(number):
+        raise EnvServerError(f"{url}: {key} is {number}, not a finite number", 200)
+    return number
 
 
 def _reason(e: Exception) -> str:

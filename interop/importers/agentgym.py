@@ -44,13 +44,16 @@ from trajlake.core.clock import utc_now
 from trajlake.core.errors import TrajlakeError
 from trajlake.core.ids import InvalidIdError, check_id
 from trajlake.interop.importers import (
+    SUFFIXES,
     ImportResult,
+    Limits,
     TrajectoryImportError,
-    check_depth,
+    check_row,
     file_sha256,
+    iter_records,
     kind_name,
     progress_bar,
-    read_records,
+    require_column,
     resolve_files,
     stored_episode_ids,
 )
@@ -97,6 +100,7 @@ def import_agentgym(
     policy_id: str = "agentgym-expert",
     chunk_size: int = 256,
     progress: bool = True,
+    limits: Limits = Limits(),
 ) -> ImportResult:
     """Import AgentGym-format trajectory files into `lake`; see the module docstring for the mapping.
 
@@ -106,7 +110,9 @@ def import_agentgym(
     with its turns and tasks in one snapshot; the first chunk also carries the run ("running") and the
     policy, and the run is marked "finished" at the end. Episodes already stored are skipped before
     tokenizing, so an interrupted import resumes where it stopped and a repeated one writes nothing.
-    Returns counts of inserted and skipped rows per table.
+    Files are read one row at a time, each row held to `limits` (its size, a text's size, its nesting, finite
+    numbers: interop/importers/limits.py) before it is parsed. Returns counts of inserted and skipped rows per
+    table.
     """
     if chunk_size < 1:
         raise TrajectoryImportError(f"chunk_size must be at least 1, got {chunk_size}")
@@ -124,16 +130,19 @@ def import_agentgym(
     except TrajlakeError as e:
         raise TrajectoryImportError(f"tokenizer {tok_name}: {e}") from None
     tok_fp = tokenizer_fingerprint(tokenizer)
-    sources = [(f, file_sha256(f), read_records(f, required="conversations")) for f in files]
+    for f in files:  # a parquet file without conversations is refused from its schema, before any file is read
+        if SUFFIXES[f.suffix.lower()] == "parquet":
+            require_column(f, "conversations")
+    shas = [file_sha256(f) for f in files]
     if run_id is None:
-        run_id = runs.hashed_run_id("import-agentgym-", [sorted(s for _, s, _ in sources), tok_fp, policy_id, env,
-                                                         split], 16)
+        run_id = runs.hashed_run_id("import-agentgym-", [sorted(shas), tok_fp, policy_id, env, split], 16)
 
-    # Parse and validate every row of every file before anything else: one bad row refuses the import.
+    # Parse and validate every row of every file before anything else: one bad row refuses the import. Rows are
+    # read one at a time and only their parsed form is kept.
     episodes: list[dict] = []
     per_file: dict[str, dict[str, int]] = {}
-    for path, sha, rows in sources:
-        parsed = [_parse_row(row, path, sha, i, tok_fp, env, split) for i, row in enumerate(rows)]
+    for path, sha in zip(files, shas, strict=True):
+        parsed = [_parse_row(row, path, sha, i, tok_fp, env, split, limits) for i, _, row in iter_records(path, limits)]
         per_file[str(path)] = {"episodes": len(parsed), "turns": sum(len(e["turns"]) for e in parsed)}
         episodes += parsed
     # Episodes already stored (an earlier or interrupted import, or a copy of a file given twice) need
@@ -154,7 +163,8 @@ def import_agentgym(
         now = utc_now()
         config = {
             "importer": "agentgym", "tokenizer": tok_name, "tokenizer_fingerprint": tok_fp,
-            "files": [{"path": str(p.resolve()), "sha256": s, "rows": len(r)} for p, s, r in sources],
+            "files": [{"path": str(p.resolve()), "sha256": s, "rows": per_file[str(p)]["episodes"]}
+                      for p, s in zip(files, shas, strict=True)],
             "env": env, "split": split, "policy_id": policy_id, "chunk_size": chunk_size,
         }
         run = Run(run_id, "import", config=config, status="running", started_at=now)
@@ -196,17 +206,22 @@ def import_agentgym(
     )
 
 
-def _messages(row: Mapping, where: str) -> tuple[list[dict], list[bool]]:
+def _messages(row: Mapping, where: str, limits: Limits) -> tuple[list[dict], list[bool]]:
     """A row's conversation as chat messages, and which of them are agent turns (validated)."""
-    conv = row.get("conversations")
-    if isinstance(conv, str):  # some exports keep the conversation as JSON text
+    if "conversations" not in row:
+        raise TrajectoryImportError(f"{where}: no `conversations` field (fields: {', '.join(map(str, row)) or 'none'})")
+    conv = row["conversations"]
+    if isinstance(conv, str):  # some exports keep the conversation as JSON text (at most the field cap long)
         try:
             conv = json.loads(conv)
         except json.JSONDecodeError:
             raise TrajectoryImportError(f"{where}: `conversations` is text but not JSON") from None
         except RecursionError:
             raise TrajectoryImportError(f"{where}: `conversations` is JSON text nested too deeply") from None
-        check_depth(conv, f"{where}: `conversations`")
+        except ValueError as e:  # an integer of over 4300 digits
+            raise TrajectoryImportError(f"{where}: `conversations` is JSON text with an unreadable number ({e})") \
+                from None
+        check_row(conv, f"{where}: the JSON text of `conversations`", limits)
     if not isinstance(conv, list) or not conv:
         raise TrajectoryImportError(f"{where}: `conversations` must be a non-empty list, got {kind_name(conv)}")
     messages, losses = [], []
@@ -236,10 +251,12 @@ def _messages(row: Mapping, where: str) -> tuple[list[dict], list[bool]]:
     return messages, agent
 
 
-def _parse_row(row: Mapping, path: Path, sha: str, index: int, tok_fp: str, env_arg, split_arg) -> dict:
-    """Validate one row and map it to its task, episode and turns (token ids come later)."""
+def _parse_row(row: Mapping, path: Path, sha: str, index: int, tok_fp: str, env_arg, split_arg,
+               limits: Limits) -> dict:
+    """Validate one row (already held to `limits` as read) and map it to its task, episode and turns (token ids
+    come later)."""
     where = f"{path} row {index}"
-    messages, agent = _messages(row, where)
+    messages, agent = _messages(row, where, limits)
     item_id = row.get("item_id")
     env = env_arg or row.get("data_source") or (_item_prefix(item_id) if item_id else None)
     if not env:
@@ -273,7 +290,7 @@ def _parse_row(row: Mapping, path: Path, sha: str, index: int, tok_fp: str, env_
     task_id = f"{split}/{item}"
     rm = row.get("reward_model") if isinstance(row.get("reward_model"), Mapping) else {}
     ground_truth = _maybe_json(rm.get("ground_truth"))
-    check_depth(ground_truth, f"{where}: `reward_model.ground_truth`")
+    check_row(ground_truth, f"{where}: `reward_model.ground_truth`", limits)
     meta = {"data_source": row.get("data_source"), "item_id": item_id, "ability": row.get("ability"),
             "reward_style": rm.get("style"), "index": extra.get("index"), "prompt": row.get("prompt")}
     meta = {k: v for k, v in meta.items() if v is not None}
@@ -352,6 +369,6 @@ def _maybe_json(v: Any) -> Any:
     if isinstance(v, str):
         try:
             return json.loads(v)
-        except (json.JSONDecodeError, RecursionError):  # not JSON (or too deep to read as JSON): kept as text
+        except (ValueError, RecursionError):  # not JSON (or too deep or a number too long to read): kept as text
             return v
     return v
