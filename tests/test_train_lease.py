@@ -138,3 +138,31 @@ def test_a_second_train_with_a_held_run_id_is_refused_within_seconds(model, tmp_
     assert not (tmp_path / "ckpt").exists()
     with Lake.open(uri) as lake:
         assert lake.snapshots().height == before + 1  # the holder's lease, nothing of the refused train
+
+
+def test_an_import_of_a_held_run_is_refused_and_takes_the_lease_to_write(model, tmp_path):
+    """`import agentgym --run-id X` while a live process holds X: refused before a row is read, the lake as it
+    was; once the holder is gone the import runs under its own lease and gives it back. An import with nothing
+    left to write takes no lease (and writes nothing)."""
+    from tests.test_import_agentgym import _row, _write
+    from trajlake.interop.importers.agentgym import import_agentgym
+
+    uri = f"sqlite:{tmp_path / 'catalog.sqlite'}"
+    src = _write(tmp_path / "rows.jsonl", [_row(i) for i in range(3)])
+    with Lake.open(uri):
+        pass
+    p = holder(tmp_path, uri, "imp1")
+    with Lake.open(uri) as lake:
+        before = lake.snapshots().height
+        with pytest.raises(RunLeasedError, match=rf"^run imp1 is being run by collect process {p.pid} on host "):
+            import_agentgym(lake, src, str(model), run_id="imp1", progress=False)
+        assert lake.snapshots().height == before and lake.count("episodes") == 0
+        p.send_signal(signal.SIGKILL)
+        p.wait(timeout=60)
+        assert import_agentgym(lake, src, str(model), run_id="imp1", progress=False).episodes_inserted == 3
+        msgs = [m or "" for m in lake.snapshots()["message"].to_list()]
+        assert any(m.startswith("import: lease run imp1 to process") for m in msgs)
+        assert lake.count("run_leases") == 0
+        again = lake.snapshots().height
+        assert import_agentgym(lake, src, str(model), run_id="imp1", progress=False).episodes_inserted == 0
+        assert lake.snapshots().height == again

@@ -27,6 +27,7 @@ human/user, gpt/assistant or system. Mapping decisions:
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import re
@@ -59,6 +60,7 @@ from trajlake.interop.importers import (
 )
 from trajlake.lm.load import load_tokenizer
 from trajlake.schemas.records import Episode, Policy, Run, Task
+from trajlake.store import lease as run_lease
 from trajlake.store import runs
 
 ROLES = {"human": "user", "user": "user", "gpt": "assistant", "assistant": "assistant", "system": "system"}
@@ -137,6 +139,7 @@ def import_agentgym(
     if run_id is None:
         run_id = runs.hashed_run_id("import-agentgym-", [sorted(shas), tok_fp, policy_id, env, split], 16)
 
+    run_lease.check(lake, run_id)  # another live process importing this run: refused before any row is read
     # Parse and validate every row of every file before anything else: one bad row refuses the import. Rows are
     # read one at a time and only their parsed form is kept.
     episodes: list[dict] = []
@@ -155,50 +158,56 @@ def import_agentgym(
     inserted = dict.fromkeys(("runs", "policies", "tasks", "episodes", "turns"), 0)
     skipped = {**inserted, "episodes": len(old), "turns": sum(len(e["turns"]) for e in old)}
     snapshots: list[int] = []
-    with progress_bar("tokenizing", len(new), progress) as bar:
-        for start in range(0, len(new), _TOKENIZE_BATCH):  # template errors surface here, still unwritten
-            _tokenize(renderer, new[start:start + _TOKENIZE_BATCH])
-            bar.update(advance=len(new[start:start + _TOKENIZE_BATCH]))
-    with progress_bar("writing", len(new), progress) as bar:
-        now = utc_now()
-        config = {
-            "importer": "agentgym", "tokenizer": tok_name, "tokenizer_fingerprint": tok_fp,
-            "files": [{"path": str(p.resolve()), "sha256": s, "rows": per_file[str(p)]["episodes"]}
-                      for p, s in zip(files, shas, strict=True)],
-            "env": env, "split": split, "policy_id": policy_id, "chunk_size": chunk_size,
-        }
-        run = Run(run_id, "import", config=config, status="running", started_at=now)
-        policy = Policy(policy_id, run_id=run_id, created_at=now)
-        chunks = [new[i:i + chunk_size] for i in range(0, len(new), chunk_size)]
-        tasks_seen: set[str] = set()
-        for n, chunk in enumerate(chunks):
-            data: dict[str, Any] = {"policies": [policy]} if n == 0 else {}
-            tasks = {}
-            for e in chunk:  # the first row of an item gives its task row
-                if e["task"].task_id not in tasks_seen:
-                    tasks.setdefault(e["task"].task_id, e["task"])
-            tasks_seen.update(tasks)
-            if tasks:
-                data["tasks"] = list(tasks.values())
-            data["episodes"] = [Episode(**e["episode"], run_id=run_id, policy_id=policy_id) for e in chunk]
-            data["turns"] = _turns_table(chunk)
-            message = f"import: agentgym chunk {n + 1}/{len(chunks)} ({len(chunk)} episodes) run {run_id}"
-            if n == 0:  # the run row with the first chunk, so no episode is visible before its run and policy
-                res = runs.begin(lake, run, stage="import", message=message, rows=data)
-            else:
-                res = lake.append(data, stage="import", run_id=run_id, message=message)
-            for total, counts in ((inserted, res.inserted), (skipped, res.skipped)):
-                for name, k in counts.items():
-                    total[name] = total.get(name, 0) + k
-            if res.snapshot_id is not None:
-                snapshots.append(res.snapshot_id)
-            bar.update(advance=len(chunk))
-
+    # The run's lease (store/lease.py) before tokenizing and writing, once every row was validated (a refused file
+    # leaves the lake as it was, lease rows included): one live process per run id. An import with nothing to
+    # write (every episode stored, its run finished or never begun) takes none.
     stored = runs.stored(lake, run_id)
-    if stored is not None and stored.status != "finished":  # a new run, or one an interrupted import left running
-        snap = runs.finish(lake, run_id, stage="import")
-        if snap is not None:
-            snapshots.append(snap)
+    idle = not new and (stored is None or stored.status == "finished")
+    with contextlib.nullcontext() if idle else run_lease.acquire(lake, run_id, "import"):
+        with progress_bar("tokenizing", len(new), progress) as bar:
+            for start in range(0, len(new), _TOKENIZE_BATCH):  # template errors surface here, still unwritten
+                _tokenize(renderer, new[start:start + _TOKENIZE_BATCH])
+                bar.update(advance=len(new[start:start + _TOKENIZE_BATCH]))
+        with progress_bar("writing", len(new), progress) as bar:
+            now = utc_now()
+            config = {
+                "importer": "agentgym", "tokenizer": tok_name, "tokenizer_fingerprint": tok_fp,
+                "files": [{"path": str(p.resolve()), "sha256": s, "rows": per_file[str(p)]["episodes"]}
+                          for p, s in zip(files, shas, strict=True)],
+                "env": env, "split": split, "policy_id": policy_id, "chunk_size": chunk_size,
+            }
+            run = Run(run_id, "import", config=config, status="running", started_at=now)
+            policy = Policy(policy_id, run_id=run_id, created_at=now)
+            chunks = [new[i:i + chunk_size] for i in range(0, len(new), chunk_size)]
+            tasks_seen: set[str] = set()
+            for n, chunk in enumerate(chunks):
+                data: dict[str, Any] = {"policies": [policy]} if n == 0 else {}
+                tasks = {}
+                for e in chunk:  # the first row of an item gives its task row
+                    if e["task"].task_id not in tasks_seen:
+                        tasks.setdefault(e["task"].task_id, e["task"])
+                tasks_seen.update(tasks)
+                if tasks:
+                    data["tasks"] = list(tasks.values())
+                data["episodes"] = [Episode(**e["episode"], run_id=run_id, policy_id=policy_id) for e in chunk]
+                data["turns"] = _turns_table(chunk)
+                message = f"import: agentgym chunk {n + 1}/{len(chunks)} ({len(chunk)} episodes) run {run_id}"
+                if n == 0:  # the run row with the first chunk, so no episode is visible before its run and policy
+                    res = runs.begin(lake, run, stage="import", message=message, rows=data)
+                else:
+                    res = lake.append(data, stage="import", run_id=run_id, message=message)
+                for total, counts in ((inserted, res.inserted), (skipped, res.skipped)):
+                    for name, k in counts.items():
+                        total[name] = total.get(name, 0) + k
+                if res.snapshot_id is not None:
+                    snapshots.append(res.snapshot_id)
+                bar.update(advance=len(chunk))
+
+        stored = runs.stored(lake, run_id)
+        if stored is not None and stored.status != "finished":  # a new run, or one an interrupted import left running
+            snap = runs.finish(lake, run_id, stage="import")
+            if snap is not None:
+                snapshots.append(snap)
     return ImportResult(
         run_id=run_id, files=tuple(str(p) for p in files), episodes=len(episodes),
         turns=sum(len(e["turns"]) for e in episodes), inserted=inserted, skipped=skipped,
