@@ -12,7 +12,7 @@ import duckdb
 
 from trajlake.core.errors import TrajlakeError
 from trajlake.schemas.tables import TABLES
-from trajlake.store.sql_guard import check_filter
+from trajlake.store.sql_guard import check_filter, parse_expression
 
 
 class ScratchSchemaDB:
@@ -44,7 +44,7 @@ def check_sql(expr: str, table: str, what: str) -> None:
         raise TrajlakeError(f"{what} must be a non-empty SQL expression")
     extra = ", NULL::VARCHAR AS prev_observation" if table == "turns" else ""
     try:
-        duckdb.SQLExpression(expr)  # one expression: a `)` or `;` in it cannot end the query it is pasted into
+        parse_expression(expr, what)  # one expression: a `)` or `;` in it cannot end the query it is pasted into
     except duckdb.Error as e:
         raise TrajlakeError(f"{what} {expr!r} is not valid over {table} columns: {_first_line(e)}") from None
     check_filter(expr, what)  # reading no table or catalog function: it runs on the connection that writes

@@ -24,7 +24,7 @@ from trajlake.rewards.components import get_kind
 from trajlake.rewards.spec import RewardSpec
 from trajlake.schemas import RewardSpecRow
 from trajlake.store import Lake
-from trajlake.store.sql_guard import check_filter
+from trajlake.store.sql_guard import check_filter, parse_expression
 
 
 class RewardValueError(TrajlakeError):
@@ -121,7 +121,7 @@ def check_where(where: str | None) -> None:
     if where is None:
         return
     try:
-        duckdb.SQLExpression(where)
+        parse_expression(where, "where")  # DuckDB's parse, nesting past MAX_DEPTH refused first
     except duckdb.Error as e:
         raise TrajlakeError(f"where {where!r} is not one SQL expression over episodes columns: "
                             f"{str(e).strip().splitlines()[0]}") from None

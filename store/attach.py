@@ -11,7 +11,7 @@ import duckdb
 
 from trajlake.core.errors import CatalogError, LakeLockedError, TrajlakeError
 from trajlake.store import extensions, objectstore
-from trajlake.store.sql_guard import check_query
+from trajlake.store.sql_guard import check_nesting, check_query, nesting_error, too_deep
 from trajlake.store.uri import CatalogURI
 
 ALIAS = "lake"
@@ -77,9 +77,24 @@ def check_read_only(sql: str) -> None:
     """Refuse SQL that is not exactly one read statement (SELECT, WITH, FROM, DESCRIBE, SHOW, SUMMARIZE,
     VALUES, EXPLAIN of a read), naming what is refused. DuckDB's parser tells the statement types; the
     read-only attach stops anything else (e.g. a table function that writes) from reaching the lake."""
+    check_nesting(sql, "the query")  # before DuckDB's parser: past its limits it tells the user to SET one
+    statement = _one_statement(sql)
+    if statement.type.name == "EXPLAIN":
+        statement = _one_statement(_explained(statement.query))
+        if statement.type.name != "SELECT":
+            raise TrajlakeError(f"EXPLAIN {statement.type.name} is refused: the lake is read-only here (sql and "
+                                "export only read)")
+    # a read-only attach refuses a maintenance function's commit only after it deleted or wrote files
+    check_query(statement.query)
+
+
+def _one_statement(sql: str) -> duckdb.Statement:
+    """The one read statement `sql` holds; TrajlakeError naming what else it holds."""
     try:
         statements = duckdb.extract_statements(sql)
     except duckdb.Error as e:
+        if too_deep(str(e)):
+            raise nesting_error("the query") from None
         raise TrajlakeError(f"query failed: {_first_line(str(e))}") from None
     kinds = [s.type.name for s in statements]
     if not kinds:
@@ -90,12 +105,18 @@ def check_read_only(sql: str) -> None:
     if kinds[0] not in _READ_STATEMENTS:
         raise TrajlakeError(f"{kinds[0]} statements are refused: the lake is read-only here (sql and export only "
                             "read; the store changes through collect, import, rewards and train)")
-    if kinds[0] == "EXPLAIN":
-        inner = re.sub(r"^\s*EXPLAIN\s+(ANALY[SZ]E\s+)?", "", statements[0].query, flags=re.IGNORECASE)
-        check_read_only(inner)
-        return
-    # a read-only attach refuses a maintenance function's commit only after it deleted or wrote files
-    check_query(statements[0].query)
+    return statements[0]
+
+
+def _explained(sql: str) -> str:
+    """The statement an EXPLAIN [ANALYZE] statement explains. DuckDB's tokenizer finds its words, so comments
+    before, between or after them (`/* x */ EXPLAIN -- y`) are skipped as DuckDB skips them."""
+    tokens = duckdb.tokenize(sql)
+    words = [re.match(r"[A-Za-z]*", sql[start:]).group().upper() for start, _ in tokens[:2]]
+    skip = 1 + (len(words) > 1 and words[1] in ("ANALYZE", "ANALYSE"))
+    if not words or words[0] != "EXPLAIN" or len(tokens) <= skip:
+        raise TrajlakeError("EXPLAIN must be followed by the statement it explains")
+    return sql[tokens[skip][0]:]
 
 
 def _first_line(msg: str) -> str:

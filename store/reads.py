@@ -20,7 +20,7 @@ import polars as pl
 import pyarrow as pa
 
 from trajlake.core.errors import SnapshotError, TrajlakeError
-from trajlake.store.sql_guard import UnsafeSQLError, check_filter
+from trajlake.store.sql_guard import UnsafeSQLError, check_filter, parse_expression
 
 if TYPE_CHECKING:
     from trajlake.store.lake import Lake
@@ -77,9 +77,11 @@ def check_episode_filter(lake: Lake, where: str, *, what: str, snapshot: int | N
         return EpisodeFilterError(f"{what} {where!r} is not a SQL filter over episodes columns: {reason}")
 
     try:
-        duckdb.SQLExpression(where)  # parses one expression, or raises
+        parse_expression(where, what)  # parses one expression (nested at most MAX_DEPTH deep), or raises
     except duckdb.Error as e:
         raise refuse(str(e).strip().splitlines()[0]) from None
+    except UnsafeSQLError as e:
+        raise EpisodeFilterError(str(e)) from None
     try:  # the filter runs on the connection that writes: no table function, catalog function or other table
         check_filter(where, what)
     except UnsafeSQLError as e:

@@ -1,8 +1,14 @@
 """SQL tricks through every place a user's SQL reaches the lake, and script payloads in ids, generated: each
 writing statement DuckDB has and each DuckLake function that writes (expire, cleanup, flush, merge, orphans,
 rewrite, options) in `sql` and `export --query`, and as a subquery in every filter (`rewards --where`,
-`rewards diff --where`, `export --dataset --where`, `train --train-filter`, a spec's `sql` expression). Every
+`rewards diff --where`, `export --dataset --where`, `train --train-filter`, a spec's `sql` expression, a
+`--task-selector` query file); a CTE's name read where it is out of scope; SQL nested past the guard's cap. Every
 one is refused in one line with the lake's snapshots, rows and data files unchanged (tests/bad_inputs_common).
+
+The cases where the catalog matters (read-only SQL that writes, filters that read or reach the catalog's own
+tables) run on all three catalogs, with a module-scoped lake each: on PostgreSQL the metadata tables live in the
+server (`__ducklake_metadata_lake.<schema>`, reachable through `postgres_query` and its kin), on SQLite in a file
+DuckDB reads through its extension.
 """
 
 from __future__ import annotations
@@ -12,7 +18,8 @@ from pathlib import Path
 import pytest
 
 from tests import bad_inputs_common as common
-from tests.bad_inputs_common import case, check_case, params
+from tests.bad_inputs_common import CATALOG_SAMPLE, Case, case, check_case, params
+from tests.test_sql_scope import DEEP, SHADOWED
 
 setting = common.setting  # the module's lake and files (a fixture)
 
@@ -44,6 +51,13 @@ FILTER_CALLS = [
     "(SELECT count(*) FROM __ducklake_metadata_lake.ducklake_snapshot) > 0",
     "success AND EXISTS (SELECT * FROM ducklake_cleanup_old_files('lake', cleanup_all => true))",
     "episode_id IN (SELECT snapshot_id::VARCHAR FROM ducklake_expire_snapshots('lake', older_than => now()))",
+    # the catalog's own tables, by name and through the functions that reach its database
+    "(SELECT count(*) FROM {meta}.ducklake_snapshot) > 0",
+    "(SELECT count(*) FROM postgres_query('__ducklake_metadata_lake', 'SELECT 1')) > 0",
+    "EXISTS (FROM postgres_execute('__ducklake_metadata_lake', 'DELETE FROM {pgschema}.ducklake_snapshot_changes'))",
+    "(SELECT count(*) FROM postgres_scan('{conninfo}', '{pgschema}', 'ducklake_snapshot')) > 0",
+    "(SELECT count(*) FROM sqlite_query('__ducklake_metadata_lake', 'DELETE FROM ducklake_snapshot_changes')) > 0",
+    "run_id IN (SELECT name FROM (SHOW ALL TABLES))",
 ]
 #: not one expression: statements smuggled after or around one
 FILTER_INJECTIONS = [
@@ -83,11 +97,50 @@ STATEMENTS = [
     "SELECT 1; DELETE FROM turns", "SELECT * FROM query('DELETE FROM episodes')",
     "FROM episodes; DROP TABLE episodes",
 ]
+#: read-only SQL that reaches the catalog's own database (its server, its file), or hides a write behind comments
+#: around EXPLAIN, or nests past the cap
+CATALOG_STATEMENTS = [
+    "SELECT * FROM postgres_query('__ducklake_metadata_lake', 'SELECT * FROM {pgschema}.ducklake_snapshot')",
+    "SELECT * FROM postgres_execute('__ducklake_metadata_lake', 'DELETE FROM {pgschema}.ducklake_snapshot_changes')",
+    "SELECT * FROM postgres_scan('{conninfo}', '{pgschema}', 'ducklake_snapshot')",
+    "SELECT * FROM postgres_attach('{conninfo}', source_schema => '{pgschema}')", "SELECT * FROM pg_clear_cache()",
+    "CALL postgres_execute('__ducklake_metadata_lake', 'DROP SCHEMA {pgschema} CASCADE')",
+    "SELECT * FROM sqlite_query('__ducklake_metadata_lake', 'DELETE FROM ducklake_snapshot_changes')",
+    "SELECT * FROM sqlite_attach('{catalog}')", "ATTACH '{conninfo}' AS pg (TYPE postgres)",
+    "DETACH __ducklake_metadata_lake", "DELETE FROM {meta}.ducklake_snapshot_changes",
+    "INSERT INTO {meta}.ducklake_snapshot SELECT * FROM {meta}.ducklake_snapshot",
+    "/* x */ EXPLAIN /* y */ DELETE FROM {meta}.ducklake_snapshot_changes",
+    "-- c\nEXPLAIN SELECT * FROM ducklake_cleanup_old_files('lake', cleanup_all => true)",
+    "EXPLAIN /* a */ ANALYZE -- b\nSELECT * FROM postgres_query('__ducklake_metadata_lake', 'SELECT 1')",
+    "SELECT " + "NOT " * 5000 + "true", "SELECT " + "(" * 5000 + "1" + ")" * 5000,
+]
 
 
 #: the FILTER_CALLS and FILTER_INJECTIONS every place gets in the fast tier (expire, cleanup, flush, merge;
 #: a smuggled DELETE and CALL)
 FAST_CALLS, FAST_INJECTIONS = (0, 2, 4, 5), (0, 3)
+#: the SHADOWED and DEEP filters every place gets in the fast tier
+FAST_SHADOWED, FAST_DEEP = ("sibling IN subqueries",), ("5000 NOTs",)
+#: what the fast tier runs on SQLite and PostgreSQL too (a case there costs seconds: the lake's state is read
+#: before and after): the metadata tables by name in a filter, and CATALOG_STATEMENTS' DELETE through
+#: postgres_execute and sqlite_query and behind comments around EXPLAIN
+CATALOG_CALLS, FAST_CATALOG_STATEMENTS = (23,), (1, 6, 12)
+
+#: the cases where the catalog matters, which run on SQLite and PostgreSQL too: -> whether they run there in the
+#: fast suite as well (the others there in the slow one)
+ON_EVERY_CATALOG: dict[Case, bool] = {}
+#: cases the fast suite runs on the DuckDB-file lake whatever `params`' every-other-case sampling says
+FAST: set[Case] = set()
+
+
+def _every_catalog(c: Case, fast: bool = False) -> Case:
+    ON_EVERY_CATALOG[c] = fast
+    return c
+
+
+def _fast(c: Case) -> Case:
+    FAST.add(c)
+    return c
 
 
 def _filter_cases() -> list:
@@ -100,13 +153,21 @@ def _filter_cases() -> list:
     out = []
     for n, (place, argv) in enumerate(places):
         # the fast tier: every payload through the first place, a few through the others (the guard is one
-        # function: what each other place adds is calling it before it writes); the slow tier: all of them
+        # function: what each other place adds is calling it before it writes); the slow tier: all of them.
+        # What reaches the catalog goes through the first place on every catalog.
         for i, sql in enumerate(FILTER_CALLS):
-            out.append(case([*argv, sql], 1, "refused", id=f"{place} call {i}: {sql[:50]}",
-                            slow=n > 0 and i not in FAST_CALLS))
+            c = case([*argv, sql], 1, "refused", id=f"{place} call {i}: {sql[:50]}", slow=n > 0 and i not in FAST_CALLS)
+            out.append(_every_catalog(c, fast=i in CATALOG_CALLS) if n == 0 else c)
         for i, sql in enumerate(FILTER_INJECTIONS):
             out.append(case([*argv, sql], 1, "", id=f"{place} injection {i}: {sql[:40]}",
                             slow=n > 0 and i not in FAST_INJECTIONS))
+        for name, sql in SHADOWED.items():
+            c = case([*argv, sql], 1, "not 'duckdb_", id=f"{place} scope: {name}",
+                     slow=n > 0 and name not in FAST_SHADOWED)
+            out.append(_every_catalog(c, fast=name in FAST_SHADOWED) if n == 0 else c)
+        for name, sql in DEEP.items():
+            out.append(case([*argv, sql], 1, "nests deeper than", id=f"{place} deep: {name}",
+                            slow=n > 0 and name not in FAST_DEEP))
     return out
 
 
@@ -115,7 +176,17 @@ def _statement_cases() -> list:
     for n, (place, argv) in enumerate((("sql", [*L, "sql"]), ("export", [*L, "export", "{out}/x.parquet",
                                                                            "--query"]))):
         for i, sql in enumerate(STATEMENTS):
-            out.append(case([*argv, sql], 1, "", id=f"{place} statement {i}: {sql[:50]}", slow=n > 0 and i % 4 != 0))
+            c = case([*argv, sql], 1, "", id=f"{place} statement {i}: {sql[:50]}", slow=n > 0 and i % 4 != 0)
+            out.append(_every_catalog(c) if n == 0 else c)
+        for i, sql in enumerate(CATALOG_STATEMENTS):
+            c = case([*argv, sql], 1, "refused", id=f"{place} catalog statement {i}: {sql[:50]}",
+                     slow=n > 0 and i % 4 != 1)
+            if n == 0 or i % 4 == 1:  # on every catalog: all of them through sql, the fast ones through export
+                c = _every_catalog(c, fast=n == 0 and i in FAST_CATALOG_STATEMENTS)
+            out.append(c)
+    # comments around EXPLAIN of a read: read (they sent the check into endless recursion once)
+    out += [case([*L, "sql", sql], 0, id=f"sql explain behind comments {i}")
+            for i, sql in enumerate(["/* x */ EXPLAIN /* y */ SELECT 1", "-- c\nEXPLAIN SELECT count(*) FROM turns"])]
     return out
 
 
@@ -148,15 +219,33 @@ def _quote(text: str) -> str:
     return "'" + text.replace("'", "''") + "'"
 
 
-SPEC_EXPRS = FILTER_CALLS[:8] + ["1; DROP TABLE episodes", "(SELECT 1) + (SELECT count(*) FROM glob('/*'))"]
+#: a spec's sql expressions, and what the one error line says
+SPEC_EXPRS = [*((e, "") for e in FILTER_CALLS[:8]), ("1; DROP TABLE episodes", ""),
+              ("(SELECT 1) + (SELECT count(*) FROM glob('/*'))", ""),
+              *((e, "not 'duckdb_") for e in SHADOWED.values()), (DEEP["5000 NOTs"], "nests deeper than")]
+#: a --task-selector's query files (SHADOWED over the candidates, too deep, an EXPLAIN), and what the one error
+#: line says
+SELECTORS = [*((f"SELECT task_id FROM candidates WHERE {e.replace('run_id', 'task_id')}", "not 'duckdb_")
+               for e in SHADOWED.values()),
+             (f"SELECT task_id FROM candidates WHERE {DEEP['300 NOTs']}", "nests deeper than"),
+             ("/* x */ EXPLAIN /* y */ SELECT task_id FROM candidates", "")]
 
 
 def _spec_cases() -> list:
-    return [case([*L, "rewards", "--spec", f"{{tmp}}/sqlspec-{i}.toml"], 1, "", id=f"spec sql expr {i}: {e[:40]}")
-            for i, e in enumerate(SPEC_EXPRS)]
+    out = [case([*L, "rewards", "--spec", f"{{tmp}}/sqlspec-{i}.toml"], 1, text, id=f"spec sql expr {i}: {e[:40]}",
+                slow=text == "not 'duckdb_") for i, (e, text) in enumerate(SPEC_EXPRS)]
+    scope = [c.text for c in out].index("not 'duckdb_")
+    return [_fast(c) if i in (scope, len(out) - 1) else c for i, c in enumerate(out)]  # a CTE out of scope, depth
 
 
-CASES = _filter_cases() + _statement_cases() + _payload_cases() + _spec_cases()
+def _selector_cases() -> list:
+    argv = [*L, "train", "--config", "{tmp}/grpo-select.toml", "--task-selector"]
+    out = [case([*argv, f"{{tmp}}/select-{i}.sql"], 1, text, id=f"train --task-selector {i}: {sql[36:76]}",
+                slow=i > 0) for i, (sql, text) in enumerate(SELECTORS)]
+    return [_fast(out[0]), *out[1:]]
+
+
+CASES = _filter_cases() + _statement_cases() + _payload_cases() + _spec_cases() + _selector_cases()
 
 GRPO_TOML = """algo = "grpo"
 model = "{tiny}"
@@ -173,14 +262,26 @@ max_turns = 1
 
 @pytest.fixture(scope="module")
 def sql_files(setting):
-    """The spec files with SQL expressions and the train config the cases name (written once per module)."""
+    """The setting, with where its catalog keeps the metadata tables ({meta} as a query names them, {pgschema}
+    inside a PostgreSQL server, {conninfo}); and the spec files with SQL expressions, the selector query files and
+    the train configs the cases name (written once per module)."""
+    from tests.conftest import pg_conninfo
+    from trajlake.store.uri import parse_uri
+
+    schema = parse_uri(setting["lake"]).metadata_schema
+    setting = {**setting, "meta": "__ducklake_metadata_lake" + (f".{schema}" if schema else ""),
+               "pgschema": schema or "public", "conninfo": pg_conninfo()}
     work = Path(setting["tmp"])
-    for i, expr in enumerate(SPEC_EXPRS):
+    for i, (expr, _) in enumerate(SPEC_EXPRS):
         expr = expr.format(**setting)
         (work / f"sqlspec-{i}.toml").write_text(
             f'name = "s{i}"\n[allocation]\nstrategy = "last_token"\n[[components]]\nkind = "sql"\n'
             f"expr = {_toml(expr)}\n")
+    for i, (sql, _) in enumerate(SELECTORS):
+        (work / f"select-{i}.sql").write_text(sql)
     (work / "grpo.toml").write_text(GRPO_TOML.format(tiny=setting["tiny"]))
+    # a query selector chooses from the split's first task_pool tasks (doors' train split has no end)
+    (work / "grpo-select.toml").write_text(GRPO_TOML.format(tiny=setting["tiny"]) + "task_pool = 4\n")
     return setting
 
 
@@ -192,6 +293,27 @@ def test_there_are_at_least_150_sql_cases():
     assert len(CASES) >= 150
 
 
-@pytest.mark.parametrize("c", params(CASES, catalog_every=4, fast_every=2))
-def test_sql_trick(c, sql_files, capsys, tmp_path):
+def _matrix(cases: list[Case]) -> list:
+    """(case, catalog) params: every case on the DuckDB-file lake, marked as `params` marks it (FAST fast); those of
+    ON_EVERY_CATALOG on SQLite and PostgreSQL too (slow unless marked fast there), and `params`' sample of the
+    others there in the slow suite. The setting (the lake) is module-scoped per catalog (scope="module" below):
+    pytest orders the cases by catalog and makes each lake once."""
+    out = []
+    for p in params(cases, catalog_every=4, fast_every=2):
+        c, sampled = p.values[0], any(m.name == CATALOG_SAMPLE for m in p.marks)
+        fast = ON_EVERY_CATALOG.get(c, False)
+        marks = [m for m in p.marks if m.name != CATALOG_SAMPLE and not ((fast or c in FAST) and m.name == "slow")]
+        out.append(pytest.param(c, "duckdb", id=f"duckdb: {p.id}", marks=marks))
+        if c in ON_EVERY_CATALOG or sampled:
+            there = [*(m for m in marks if m.name != "slow"), *([] if fast else [pytest.mark.slow]),
+                     getattr(pytest.mark, CATALOG_SAMPLE)]
+            # a case of its own per catalog (its id names the catalog): pytest groups module-scoped params by value,
+            # and one value shared by three catalogs would pull them together, opening the lakes in turn per case
+            out += [pytest.param(c._replace(id=f"{other}: {p.id}"), other, id=f"{other}: {p.id}", marks=there)
+                    for other in ("sqlite", "postgres")]
+    return out
+
+
+@pytest.mark.parametrize("c, setting", _matrix(CASES), indirect=["setting"], scope="module")
+def test_sql_trick(c, setting, sql_files, capsys, tmp_path):
     check_case(c, sql_files, capsys, tmp_path)
