@@ -62,9 +62,10 @@ def _is_sidecar(name: str, catalog: str) -> bool:
     return name == catalog or (name.startswith(catalog) and name[len(catalog)] in "-.")
 
 
-def lake_identities(catalog: CatalogURI) -> tuple[set[Identity], set[Identity]]:
-    """(identities of the lake's files, identities of its folders): everything under its folders, the catalog
-    and its sidecars (folders walked, links inside them not followed: they are not the lake's own files)."""
+def lake_identities(catalog: CatalogURI) -> tuple[dict[Identity, str], dict[Identity, str]]:
+    """(the lake's files, the lake's folders), each by identity (device, inode) with its path: everything under
+    its folders, the catalog and its sidecars (folders walked, links inside them not followed: they are not the
+    lake's own files)."""
     folders, files = lake_paths(catalog)
     roots = list(folders)
     for file in files:
@@ -72,24 +73,25 @@ def lake_identities(catalog: CatalogURI) -> tuple[set[Identity], set[Identity]]:
             roots += [file.parent / e for e in os.listdir(file.parent) if _is_sidecar(e, file.name)]
         except OSError:  # no folder (a lake not made yet): nothing of it to overwrite
             pass
-    file_ids: set[Identity] = set()
-    folder_ids: set[Identity] = set()
+    file_ids: dict[Identity, str] = {}
+    folder_ids: dict[Identity, str] = {}
     for root in roots:
         try:
             st = os.stat(root)
         except OSError:
             continue
         if not os.path.isdir(root):
-            file_ids.add((st.st_dev, st.st_ino))
+            file_ids.setdefault((st.st_dev, st.st_ino), str(root))
             continue
-        folder_ids.add((st.st_dev, st.st_ino))
+        folder_ids.setdefault((st.st_dev, st.st_ino), str(root))
         for parent, dirs, names in os.walk(root):
             for name in dirs + names:
                 try:
                     st = os.lstat(os.path.join(parent, name))
                 except OSError:  # removed meanwhile (a maintain in another process)
                     continue
-                (folder_ids if name in dirs else file_ids).add((st.st_dev, st.st_ino))
+                (folder_ids if name in dirs else file_ids).setdefault((st.st_dev, st.st_ino),
+                                                                      os.path.join(parent, name))
     return file_ids, folder_ids
 
 
@@ -103,11 +105,12 @@ def _refuse_by_identity(catalog: CatalogURI, target: Path, path: str | Path, wha
             continue
         key = (st.st_dev, st.st_ino)
         if candidate == target and key in file_ids:
-            raise OutputPathError(f"{what} {path} is inside the lake ({lake_where(catalog)}): it is one of the "
-                                  "lake's files under another name (a hard link?); write outputs elsewhere")
+            raise OutputPathError(f"{what} {path} is inside the lake ({lake_where(catalog)}): it is the lake's "
+                                  f"file {file_ids[key]} under another name (a hard link?); write outputs elsewhere")
         if key in folder_ids:
-            raise OutputPathError(f"{what} {path} is inside the lake ({lake_where(catalog)}): {candidate} is one of "
-                                  "the lake's folders under another name (a bind mount?); write outputs elsewhere")
+            raise OutputPathError(f"{what} {path} is inside the lake ({lake_where(catalog)}): {candidate} is the "
+                                  f"lake's folder {folder_ids[key]} under another name (a bind mount?); write outputs "
+                                  "elsewhere")
 
 
 def lake_where(catalog: CatalogURI) -> str:

@@ -199,7 +199,7 @@ def test_a_lake_folder_under_another_name_is_refused(linked, tmp_path, capsys):
         before = lake_hashes(linked)
         for argv in (["sql", "SELECT 1", "-o", f"{view}/x.csv"], ["report", "--out", f"{view}/report"]):
             rc, lines = run(linked, argv, capsys)
-            assert rc == 1 and len(lines) == 1 and "under another name" in lines[0], lines
+            assert rc == 1 and len(lines) == 1 and "under another name" in lines[0] and "the lake's" in lines[0], lines
         assert lake_hashes(linked) == before
     finally:
         subprocess.run(["umount", str(view)], check=False)
