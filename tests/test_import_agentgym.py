@@ -363,7 +363,7 @@ def _bad(kind: str, tmp: Path, tok_path: Path):
         return [good, tmp / "nocol.parquet"], tok_path, r"nocol.parquet: no `conversations` column \(columns: item_id\)"
     if kind == "corrupt_json":
         (tmp / "bad.json").write_text('[{"conversations": [}')
-        return [good, tmp / "bad.json"], tok_path, "bad.json row 0: invalid JSON .parse error: unallowed token"
+        return [good, tmp / "bad.json"], tok_path, "bad.json: invalid JSON at line 1"
     if kind == "json_not_list":
         (tmp / "obj.json").write_text('{"conversations": []}')
         return [good, tmp / "obj.json"], tok_path, "must hold a list of objects"

@@ -1,7 +1,8 @@
-"""Bounded imports (interop/importers/limits.py, records.py): every imported row is measured before it is parsed
-and held to the caps (row size, a text's size, nesting, finite numbers, no lone surrogate). Each refusal is one
-`error: ` line naming the file, the row and the cap or the field, exit 1, and the lake's files as they were; a row
-over the caps costs memory of the order of the cap, not of the row (a 50 MB message grew an import past 6 GB)."""
+"""Bounded imports (interop/importers/limits.py, records.py, json_stream.py): every imported row is measured before
+it is parsed and held to the caps (row size, a text's size, nesting, finite numbers, no lone surrogate). Each
+refusal is one `error: ` line naming the file, the row and the cap or the field, exit 1, and the lake's files as
+they were; a row over the caps costs memory of the order of the cap, not of the row (a 50 MB message grew an
+import past 6 GB)."""
 
 from __future__ import annotations
 
@@ -18,7 +19,8 @@ import pyarrow.parquet as pq
 import pytest
 
 from tests.bad_inputs_common import disk_state
-from trajlake.interop.importers import records
+from trajlake.interop.importers import json_stream
+from trajlake.interop.importers.json_stream import JSONListError, json_list_elements
 from trajlake.interop.importers.limits import DEFAULT_FIELD_MB, DEFAULT_ROW_MB, MB, Limits, TrajectoryImportError
 
 GOOD = {"item_id": "t_1", "data_source": "caps", "conversations": [
@@ -91,14 +93,8 @@ def _case(kind: str, d: Path) -> tuple[Path, list[str], str]:
                 r"rows\.jsonl line 1: `reward` is nan, not a finite number"),
         "inf": (lambda p: p.write_text(json.dumps(GOOD)[:-1] + ', "reward": 1e999}\n'), ".jsonl", [],
                 r"rows\.jsonl line 1: `reward` is inf, not a finite number"),
-        # in a JSON list (ijson, yajl): -Infinity and NaN are not JSON, and a number past a float's range or an
-        # integer past 64 bits is one yajl cannot read (a 5000-digit one crashed ijson's default mode)
         "nan_json": (lambda p: p.write_text(json.dumps([GOOD, {**GOOD, "score": float("-inf")}])), ".json", [],
-                     r"rows\.json row 1: invalid JSON \(lexical error: malformed number"),
-        "inf_json": (lambda p: p.write_text(json.dumps([GOOD])[:-2] + ', "reward": 1e999}]'), ".json", [],
-                     r"rows\.json row 0: cannot read a number \(parse error: numeric \(floating point\) overflow"),
-        "int_json": (lambda p: p.write_text(json.dumps([GOOD])[:-2] + ', "reward": ' + "9" * 5000 + "}]"), ".json", [],
-                     r"rows\.json row 0: cannot read a number \(parse error: integer overflow"),
+                     r"rows\.json row 1: `score` is -inf, not a finite number"),
         "nan_parquet": (lambda p: _write(p, [{**GOOD, "reward": 1.0}, {**GOOD, "reward": float("nan")}]), ".parquet",
                         [], r"rows\.parquet row 1: `reward` is nan, not a finite number"),
         "nan_nested": (lambda p: p.write_text(json.dumps({**GOOD, "extra_info": {"w": [1, float("inf")]}}) + "\n"),
@@ -111,7 +107,7 @@ def _case(kind: str, d: Path) -> tuple[Path, list[str], str]:
                       r"rows\.jsonl line 1: `conversations\[0\]\.value` holds a lone surrogate "
                       r"\(\\ud800 at character 1\)"),
         "surrogate_key": (lambda p: p.write_text(json.dumps([{**GOOD, "extra_info": {"\udc00": 1}}])), ".json", [],
-                          r"rows\.json row 0: a text holds a lone surrogate"),
+                          r"rows\.json row 0: `extra_info` holds a lone surrogate"),
         "surrogate_text_conv": (lambda p: p.write_text(json.dumps(
             {**GOOD, "conversations": json.dumps([{"from": "human", "value": "\udfff"}])}) + "\n"), ".jsonl", [],
             r"row 0: the JSON text of `conversations`: `\[0\]\.value` holds a lone surrogate"),
@@ -129,8 +125,8 @@ def _case(kind: str, d: Path) -> tuple[Path, list[str], str]:
 
 
 KINDS = ["jsonl_row", "json_row", "parquet_group", "parquet_row", "jsonl_field", "parquet_field", "nan", "inf",
-         "nan_json", "inf_json", "int_json", "nan_parquet", "nan_nested", "int_400", "int_5000", "surrogate",
-         "surrogate_key", "surrogate_text_conv", "deep", "bad_cap", "nan_cap"]
+         "nan_json", "nan_parquet", "nan_nested", "int_400", "int_5000", "surrogate", "surrogate_key",
+         "surrogate_text_conv", "deep", "bad_cap", "nan_cap"]
 
 
 @pytest.mark.parametrize("kind", KINDS)
@@ -199,7 +195,7 @@ print(r.returncode, resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss)  # K
 
 
 @pytest.mark.slow  # a CLI process each (about 10 s: the tokenizer's imports)
-@pytest.mark.parametrize("suffix, row", [(".jsonl", "line 2"), (".json", "row 1"), (".parquet", "row 20")])
+@pytest.mark.parametrize("suffix, row", [(".jsonl", "line 2"), (".parquet", "row 20")])
 def test_a_50mb_message_is_refused_in_under_1gb(suffix, row, tiny, tmp_path):
     """Unbounded, this import grew past 6 GB and ran until killed; now the refusal's peak is the process's own
     (torch and the tokenizer, about half a gigabyte) plus a few copies of the row cap (in parquet, the 50 MB
@@ -215,12 +211,7 @@ def test_a_50mb_message_is_refused_in_under_1gb(suffix, row, tiny, tmp_path):
     assert not lake.exists() or not any((lake / "data").rglob("*.parquet"))
 
 
-# ---- JSON list files: ijson's elements, one at a time -------------------------------------------------------
-def _json_file(path: Path, data: bytes) -> Path:
-    path.write_bytes(data)
-    return path
-
-
+# ---- the JSON list scanner: exactly json.loads's elements, whatever the block size --------------------------
 def _value(rnd: random.Random, depth: int = 0):
     r = rnd.random()
     if depth > 3 or r < 0.3:
@@ -230,91 +221,50 @@ def _value(rnd: random.Random, depth: int = 0):
     return {rnd.choice(["k", "k]", 'k"', "é{"]): _value(rnd, depth + 1) for _ in range(rnd.randint(0, 3))}
 
 
-def test_a_json_list_reads_exactly_the_elements_json_reads(monkeypatch, tmp_path):
+def test_the_scanner_splits_exactly_the_lists_json_reads(monkeypatch):
     rnd = random.Random(7)
-    for _ in range(300):
+    for _ in range(600):
         value = [_value(rnd) for _ in range(rnd.randint(0, 5))]
         text = json.dumps(value, indent=rnd.choice([None, 1]), ensure_ascii=rnd.random() < 0.5).encode()
-        monkeypatch.setattr(records, "BLOCK", rnd.choice([1, 2, 3, 7, 64, 1 << 20]))  # elements across reads
-        path = _json_file(tmp_path / "x.json", text)
-        assert [row for _, _, row in records._json_rows(path, Limits())] == value, text
+        monkeypatch.setattr(json_stream, "BLOCK", rnd.choice([1, 2, 3, 7, 64, 1 << 20]))  # elements across blocks
+        assert [json.loads(e) for e in json_list_elements(io.BytesIO(text), 1 << 20)] == value, text
 
 
 @pytest.mark.parametrize("text, message", [
-    (b"", "x.json: a JSON file must hold a list of objects, not nothing"),
-    (b" \n", "x.json: a JSON file must hold a list of objects, not nothing"),
-    (b'{"a": 1}', "x.json: a JSON file must hold a list of objects, not an object"),
-    (b"hello", r"x.json: invalid JSON \(lexical error: invalid char in json text"),
-    (b"[", r"x.json row 0: invalid JSON \(parse error: premature EOF\)"),
-    (b'[{"conversations": [}', r"x.json row 0: invalid JSON \(parse error: unallowed token"),
-    (b'[{"a": 1}]\n\n]', r"x.json row 1: invalid JSON \(parse error: trailing garbage"),
-    (b"[}", "x.json row 0: invalid JSON"),
-    (b'[{"a": "abc\\"}]', r"x.json row 0: invalid JSON \(parse error: premature EOF\)"),
-    (b'[{"a": NaN}]', r"x.json row 0: invalid JSON \(lexical error: invalid char in json text"),
-    (b'[{"a": "\xff"}]', r"x.json row 0: invalid JSON \(lexical error: invalid bytes in UTF8 string"),
-    (b'[{"a": 1' + b"0" * 20 + b"}]", r"x.json row 0: cannot read a number \(parse error: integer overflow"),
-    (b'[{"a": 1}, {"b": "\\udfff"}]', "x.json row 1: a text holds a lone surrogate"),
-    (b'[{"a": ' + b"[" * 100 + b"]" * 100 + b"}]", r"x.json row 0: nested too deeply \(at most 64 levels"),
-    (b'[{"a": 1},]', r"x.json row 1: invalid JSON \(parse error: unallowed token"),
-    (b'[{"a": 1},, {"b": 2}]', r"x.json row 1: invalid JSON \(parse error: unallowed token"),
-    (b"[1]", "x.json row 0: expected an object, got int"),
+    (b"", "must hold a list of objects, not nothing"),
+    (b'{"a": 1}', "must hold a list of objects, not an object"),
+    (b"[1", "line 1 column 2: the file ends before its list is closed"),
+    (b'[{"conversations": [}', "line 1 column 21: Expecting value"),
+    (b"[1]\n\n]", "line 3 column 1: extra data after the list"),
+    (b"[}", "a `}` closes nothing"),
+    (b'["abc\\"]', "Unterminated string"),
 ])
 @pytest.mark.parametrize("block", [1, 1 << 20])
-def test_what_is_not_a_json_list_of_objects_is_one_line(text, message, block, monkeypatch, tmp_path):
+def test_the_scanner_refuses_what_is_not_a_list(text, message, block, monkeypatch):
+    monkeypatch.setattr(json_stream, "BLOCK", block)
+    with pytest.raises(JSONListError, match=message):
+        list(json_list_elements(io.BytesIO(text), 100))
+
+
+def test_the_scanner_stops_reading_at_the_cap(monkeypatch):
+    """An element over the cap is refused once the cap is passed: the rest of it is never read."""
+    monkeypatch.setattr(json_stream, "BLOCK", 16)
+    f = io.BytesIO(b'[1, "' + b"x" * 10_000 + b'"]')
+    with pytest.raises(JSONListError) as e:
+        list(json_list_elements(f, 100))
+    assert e.value.row == 1 and 100 < e.value.size <= 116 and f.tell() < 200
+
+
+def test_empty_and_trailing_comma_elements_are_refused(tmp_path):
     from trajlake.interop.importers import read_records
 
-    monkeypatch.setattr(records, "BLOCK", block)
-    with pytest.raises(TrajectoryImportError, match=message) as e:
-        read_records(_json_file(tmp_path / "x.json", text))
-    assert "\n" not in str(e.value) and len(str(e.value)) < len(str(tmp_path)) + 200
-
-
-def test_a_json_list_takes_a_byte_order_mark_and_no_lone_surrogate_comes_out(tmp_path):
-    """yajl reads a lone high surrogate escape as `?` (ijson's pure-Python backend keeps it, and check_row
-    refuses it): either way none reaches a tokenizer."""
-    from trajlake.interop.importers import read_records
-
-    assert read_records(_json_file(tmp_path / "x.json", b'\xef\xbb\xbf [{"a": 1}] ')) == [{"a": 1}]
-    path = _json_file(tmp_path / "x.json", b'[{"a": "x\\ud800y"}]')
-    try:
-        rows = read_records(path)
-    except TrajectoryImportError as e:
-        assert "lone surrogate" in str(e)
-    else:
-        assert rows == [{"a": "x?y"}]
-
-
-def test_a_json_element_over_the_cap_is_refused_once_the_cap_is_read(monkeypatch, tmp_path):
-    """The rest of an element over the cap is never read: a 10 MB string with a 100-byte cap is refused, and the
-    reads stop within a read block of the cap."""
-    from trajlake.interop.importers import read_records
-
-    path = _json_file(tmp_path / "x.json", b'[{"a": 1}, {"b": "' + b"x" * (10 * MB) + b'"}]')
-    opened = []
-    monkeypatch.setattr(records, "_open", lambda p: opened.append(open(p, "rb")) or opened[-1])
-    with pytest.raises(TrajectoryImportError, match=r"x\.json row 1: the row is longer than the 100 bytes row cap"):
-        read_records(path, limits=Limits(max_row_bytes=100))
-    assert opened[0].closed
-    monkeypatch.setattr(records, "BLOCK", 16)
-    f = io.BytesIO(path.read_bytes())
-    source = records._Counted(f, 1000)
-    with pytest.raises(records._OverCap) as e:
-        list(records._json_list(source, 64))
-    assert 1000 < e.value.size <= 1016 and f.tell() < 1100
-
-
-def test_a_row_just_over_the_cap_is_refused_and_one_at_the_cap_is_not(tmp_path):
-    """The cap is measured in reads of at most a 64th of it, and an element is measured from the read where it
-    began: one over the cap by more than a read block is refused, one under it never."""
-    from trajlake.interop.importers import read_records
-
-    cap = 64 << 10
-    for size, refused in ((cap - 200, False), (cap + 2 * (cap // 64), True)):
-        row = {"a": "y" * (size - len('{"a": ""}'))}
-        path = _json_file(tmp_path / "x.json", json.dumps([{"b": 1}, row, {"c": 2}]).encode())
-        limits = Limits(max_field_bytes=cap, max_row_bytes=cap)
-        if refused:
-            with pytest.raises(TrajectoryImportError, match="row 1: the row is longer than"):
-                read_records(path, limits=limits)
+    for text, pattern in (("[]", None), ('[{"a": 1},]', r"line 1 column 11 \(row 1\): Expecting value"),
+                          ('[{"a": 1},, {"b": 2}]', r"line 1 column 11 \(row 1\): Expecting value"),
+                          ("[1]", "row 0: expected an object, got int")):
+        path = tmp_path / "x.json"
+        path.write_text(text)
+        if pattern is None:
+            assert read_records(path) == []
         else:
-            assert read_records(path, limits=limits)[1] == row
+            with pytest.raises(TrajectoryImportError, match=pattern):
+                read_records(path)

@@ -2,8 +2,8 @@
 
 Imported rows are untrusted. One row holding a 50 MB message grew an import past 6 GB (a Python copy of the
 text per stage: the row, the parsed message, the rendered chat, the tokenizer's input) until it was killed.
-So the readers (records.py) measure a row's bytes before they parse it (a JSONL line's length, the bytes read
-for a JSON list element, a parquet row's Arrow bytes), and `check_row` walks what was parsed: no text over the field
+So the readers (records.py) measure a row's bytes before they parse it (a JSONL line's length, a JSON list
+element's span, a parquet row's Arrow bytes), and `check_row` walks what was parsed: no text over the field
 cap, no nesting past `max_depth`, no number that is not finite (NaN, inf, `1e999`, an integer past a float's
 range) and no lone surrogate (a JSON `"\\ud800"`, which no UTF-8 encoder or tokenizer takes).
 """

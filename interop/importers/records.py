@@ -6,38 +6,28 @@ ids from), `where` naming the file and the row for messages (`FILE line N` for J
 refused from its size alone, before it becomes Python objects, so one hostile row costs at most about the cap:
 
 - JSONL: a line is read with `readline(cap + 1)`, so a longer one is never read whole;
-- a JSON list: ijson's event stream (its C parser, yajl, where the wheel has it) is built into one element at a
-  time (ijson's ObjectBuilder), so the file is never held whole; the bytes read while an element is unfinished
-  are counted as ijson reads them, in blocks of at most a 64th of the cap (BLOCK), so a longer element is
-  refused once the cap is passed, never held whole (one at most a block over the cap can pass unnoticed);
+- a JSON list: elements are found by a scan of the bytes (strings, brackets and commas; json_stream.py) and
+  parsed one at a time, so the file is never held whole;
 - parquet: the metadata's uncompressed sizes are checked before a row group is read (a compressed value that
   inflates to gigabytes), then each batch of rows is measured in Arrow before `to_pylist`.
 """
 
 from __future__ import annotations
 
-import codecs
 import json
 from collections.abc import Iterable, Iterator
 from pathlib import Path
-from typing import Any, BinaryIO
+from typing import Any
 
-import ijson
 import pyarrow as pa
 
+from trajlake.interop.importers.json_stream import JSONListError, json_list_elements
 from trajlake.interop.importers.limits import MAX_DEPTH, Limits, TrajectoryImportError, check_row
 
 #: File kinds an importer reads, by extension.
 SUFFIXES = {".parquet": "parquet", ".json": "json", ".jsonl": "jsonl", ".ndjson": "jsonl"}
 #: Rows per Arrow batch: each is measured, then made Python objects at once (at most this many row caps).
 ARROW_BATCH = 32
-#: The most bytes ijson reads from a JSON list file at a time (a 64th of the row cap where that is less): how
-#: finely an unfinished element is measured.
-BLOCK = 64 << 10
-#: What a JSON list file's top-level value is when it is not a list, by its first parser event.
-_NOT_A_LIST = {"start_map": "an object", "string": "a string", "number": "a number", "boolean": "a boolean",
-               "null": "null"}
-_NOT_A_LIST_MESSAGE = "a JSON file must hold a list of objects, not "
 
 Rows = Iterator[tuple[int, str, dict[str, Any]]]
 
@@ -77,111 +67,25 @@ def _jsonl_rows(path: Path, limits: Limits) -> Rows:
 
 
 def _json_rows(path: Path, limits: Limits) -> Rows:
-    """The elements of a JSON list file, parsed by ijson. Numbers are read as floats (`use_float`): in its default
-    mode ijson's C backend hands an integer of more digits than Python reads (4300) on as a NULL and the process
-    crashes; with floats yajl refuses it, and any integer beyond 64 bits or number past a float's range, as a
-    number it cannot read. NaN and Infinity are not JSON: yajl refuses them as invalid. yajl reads a lone high
-    surrogate escape (`"\\ud800"`) as `?`, and passes a lone low one on, which Python refuses (a lone surrogate)."""
     with _open(path) as f:
-        source = _Counted(f, limits.max_row_bytes)
-        rows = _json_list(source, limits.max_depth)
+        elements = json_list_elements(f, limits.max_row_bytes)
         for index in range(1 << 62):
-            where = f"{path} row {index}"
             try:
-                row = next(rows)
+                raw = next(elements)
             except StopIteration:
                 return
-            except _OverCap as e:
-                raise limits.row_too_big(where, e.size, more=True) from None
-            except _NotAList as e:
+            except JSONListError as e:
+                if e.size is not None:
+                    raise limits.row_too_big(f"{path} row {e.row}", e.size, more=True) from None
                 raise TrajectoryImportError(f"{path}: {e}") from None
-            except _TooDeep:
-                raise TrajectoryImportError(f"{where}: nested too deeply (at most {limits.max_depth} levels of "
-                                            "lists and objects)") from None
-            except ijson.JSONError as e:
-                raise TrajectoryImportError(f"{where}: {_json_error(e)}") from None
-            except UnicodeDecodeError:  # yajl passes a surrogate (`\udc00`, or its UTF-8 bytes) on; Python refuses it
-                raise TrajectoryImportError(f"{where}: a text holds a lone surrogate, which is not text: UTF-8 and "
-                                            "tokenizers refuse it") from None
+            where = f"{path} row {index}"
+            try:
+                row = _parse(_utf8(raw, where), where)
+            except json.JSONDecodeError as e:  # where in the file: the element's start, plus where in it
+                line, col = raw.line + e.lineno - 1, (raw.column + e.colno - 1 if e.lineno == 1 else e.colno)
+                raise TrajectoryImportError(f"{path}: invalid JSON at line {line} column {col} (row {index}): "
+                                            f"{e.msg}") from None
             yield index, where, row
-
-
-class _OverCap(Exception):
-    """The element being read is over the cap: `size` bytes were read since it began."""
-
-    def __init__(self, size: int):
-        self.size = size
-
-
-class _NotAList(Exception):
-    """The file's first value is not a list, or not JSON (the message)."""
-
-
-class _TooDeep(Exception):
-    """The element being read nests deeper than the limit."""
-
-
-class _Counted:
-    """A binary file as ijson reads it, counting the bytes read since `start` (set where an element begins and
-    ends): ijson reads on only when what it holds is parsed, so bytes read since an element began while it is
-    unfinished are all that element's, and past `cap` it is refused before more is read. Drops a leading UTF-8
-    byte order mark, as some editors write."""
-
-    def __init__(self, f: BinaryIO, cap: int):
-        self.f, self.cap, self.count, self.start = f, cap, 0, 0
-
-    def read(self, size: int = -1) -> bytes:
-        if self.count - self.start > self.cap:
-            raise _OverCap(self.count - self.start)
-        data = self.f.read(size)
-        if not self.count and data.startswith(codecs.BOM_UTF8):
-            data = data[len(codecs.BOM_UTF8):] or self.f.read(size)
-        self.count += len(data)
-        return data
-
-
-def _json_list(source: _Counted, max_depth: int) -> Iterator[Any]:
-    """The elements of the JSON list `source` holds, built one at a time from ijson's events."""
-    events = ijson.basic_parse(source, buf_size=min(BLOCK, max(source.cap // 64, 1)), use_float=True)
-    try:
-        event, _ = next(events)
-    except ijson.JSONError as e:  # "premature EOF" before any value: nothing but spaces
-        error = _json_error(e)
-        raise _NotAList(_NOT_A_LIST_MESSAGE + "nothing" if "premature EOF" in error else error) from None
-    if event != "start_array":
-        raise _NotAList(_NOT_A_LIST_MESSAGE + _NOT_A_LIST.get(event, event))
-    depth, builder = 1, None  # 1: inside the list, between its elements
-    for event, value in events:
-        if builder is None:
-            if event == "end_array":  # the list's own end (ijson refuses anything after it)
-                continue
-            builder, source.start = ijson.ObjectBuilder(), source.count
-        builder.event(event, value)
-        if event in ("start_map", "start_array"):
-            depth += 1
-            if depth > max_depth + 1:  # the row itself is depth 2 here, 1 in check_row
-                raise _TooDeep
-        elif event in ("end_map", "end_array"):
-            depth -= 1
-        if depth == 1:
-            yield builder.value
-            builder, source.start = None, source.count
-
-
-def _json_error(e: Exception) -> str:
-    """ijson's message in one line: yajl's reason and the text around the error (its message is three lines,
-    the reason, that text and a pointer under it)."""
-    message = e.args[0] if e.args else ""
-    message = message.decode("utf-8", "replace") if isinstance(message, bytes) else str(message)
-    lines = [line.strip() for line in message.splitlines() if line.strip()]
-    reason = _clip(lines[0].rstrip(".") if lines else type(e).__name__)
-    near = f", near `{_clip(lines[1])}`" if len(lines) == 3 and "(right here)" in lines[2] else ""
-    return f"{'cannot read a number' if 'overflow' in reason else 'invalid JSON'} ({reason}{near})"
-
-
-def _clip(text: str, size: int = 80) -> str:
-    text = text if len(text) <= size else text[:size] + "..."
-    return "".join(c if c.isprintable() else " " for c in text).encode("ascii", "backslashreplace").decode()
 
 
 def _parquet_rows(path: Path, limits: Limits) -> Rows:
