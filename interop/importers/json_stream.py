@@ -5,6 +5,12 @@ The scan looks at strings, brackets and commas only: a comma or the closing brac
 an element; a bracket or comma inside a string is text. Bytes suffice because UTF-8 never uses an ASCII byte
 inside a multi-byte character. Each element's own syntax is checked when it is parsed (records.py), so a file is
 accepted exactly when it is a valid JSON list.
+
+Why not ijson: tried in its place (ijson 3.6.0, C backend yajl2_c), it turned a lone surrogate escape
+(`"\ud800"`) into `?` without a word (data changed on import), crashed on an integer of over 4300 digits
+(SystemError from basic_parse, a segfault from items) unless numbers are read as floats, which then refuses
+integers from 2**63 up, and its prefix-tracking readers take memory quadratic in the nesting depth. An element
+here is parsed by Python's own json module, which refuses each of these by name.
 """
 
 from __future__ import annotations
