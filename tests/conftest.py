@@ -19,13 +19,22 @@ BACKENDS = ["duckdb", "sqlite", "postgres"]
 SHARED = Path(__file__).resolve().parents[1].parent / "shared"
 
 
+#: the catalogs whose runs of a test belong to the slow tier: `make test` runs every store test on the DuckDB-file
+#: lake, `make test-slow` (CI) on all three (about 190 runs, half of the fast tier's wall time on 2 cores)
+SLOW_CATALOGS = ("sqlite", "postgres")
+
+
+@pytest.hookimpl(tryfirst=True)  # before the -m selection reads the marks
 def pytest_collection_modifyitems(config, items):
-    """The hostile suites (tests/bad_inputs_common.py) run every case on the DuckDB-file lake and a sample of
-    them (marked catalog_sample) on SQLite and PostgreSQL: the others are deselected there."""
+    """A test's runs on the SQLite and PostgreSQL catalogs are slow-tier tests. The hostile suites
+    (tests/bad_inputs_common.py) run every case on the DuckDB-file lake and a sample of them (marked
+    catalog_sample) on SQLite and PostgreSQL: the others are deselected there."""
     keep, drop = [], []
     for item in items:
-        backend = getattr(getattr(item, "callspec", None), "params", {}).get("setting")
-        on_catalog = backend in ("sqlite", "postgres")
+        params = getattr(getattr(item, "callspec", None), "params", {})
+        if any(isinstance(v, str) and v in SLOW_CATALOGS for v in params.values()):
+            item.add_marker(pytest.mark.slow)
+        on_catalog = params.get("setting") in SLOW_CATALOGS
         (drop if on_catalog and item.get_closest_marker("catalog_sample") is None else keep).append(item)
     if drop:
         config.hook.pytest_deselected(items=drop)
