@@ -11,7 +11,7 @@ import duckdb
 
 from trajlake.core.errors import CatalogError, LakeLockedError, TrajlakeError
 from trajlake.store import extensions, objectstore
-from trajlake.store.sql_guard import check_nesting, check_query, nesting_error, too_deep
+from trajlake.store.sql_guard import check_nesting, check_query, nesting_error, sql_tokens, too_deep
 from trajlake.store.uri import CatalogURI
 
 ALIAS = "lake"
@@ -111,7 +111,7 @@ def _one_statement(sql: str) -> duckdb.Statement:
 def _explained(sql: str) -> str:
     """The statement an EXPLAIN [ANALYZE] statement explains. DuckDB's tokenizer finds its words, so comments
     before, between or after them (`/* x */ EXPLAIN -- y`) are skipped as DuckDB skips them."""
-    tokens = duckdb.tokenize(sql)
+    tokens = sql_tokens(sql)
     words = [re.match(r"[A-Za-z]*", sql[start:]).group().upper() for start, _ in tokens[:2]]
     skip = 1 + (len(words) > 1 and words[1] in ("ANALYZE", "ANALYSE"))
     if not words or words[0] != "EXPLAIN" or len(tokens) <= skip:

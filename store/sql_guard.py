@@ -67,12 +67,34 @@ def nesting_error(what: str) -> SQLNestingError:
                            "subqueries)")
 
 
+def sql_tokens(sql: str, what: str = "SQL") -> list[tuple[int, duckdb.token_type]]:
+    """`duckdb.tokenize(sql)` with each token's position as an index into `sql` (DuckDB gives the byte offset in
+    UTF-8, which differs from the character index once a character before it is not ASCII). Text that cannot be
+    UTF-8 (a lone surrogate: what Python makes of a command-line byte that is not UTF-8) is refused by name; the
+    tokenizer would raise a TypeError on it."""
+    try:
+        data = sql.encode()
+    except UnicodeEncodeError as e:
+        raise UnsafeSQLError(f"{what} is not valid text: character {e.start + 1} is a lone surrogate "
+                            f"(U+{ord(sql[e.start]):04X}; a byte that is not UTF-8?)") from None
+    tokens = duckdb.tokenize(sql)
+    if len(data) == len(sql):  # ASCII: bytes are characters
+        return tokens
+    char_at = [0] * (len(data) + 1)
+    offset = 0
+    for index, char in enumerate(sql):
+        char_at[offset] = index
+        offset += len(char.encode())
+    char_at[offset] = len(sql)
+    return [(char_at[start], kind) for start, kind in tokens]
+
+
 def check_nesting(sql: str, what: str) -> None:
     """Refuse `sql` when its brackets nest deeper than MAX_DEPTH. DuckDB's tokenizer tells a bracket from one in
     a string, a quoted name or a comment. (DuckDB drops redundant parentheses from its parse tree, so the tree's
     depth alone would let 5000 of them through to its parser, whose stack gives out at about 10000.)"""
     try:
-        tokens = duckdb.tokenize(sql)
+        tokens = sql_tokens(sql, what)
     except duckdb.Error:
         return  # the parser reports it
     depth = 0
@@ -269,4 +291,4 @@ def _first_line(msg: str) -> str:
 
 
 __all__ = ["MAX_DEPTH", "READ_ONLY_DUCKLAKE", "SQLNestingError", "UnsafeSQLError", "check_expression", "check_filter",
-           "check_nesting", "check_query", "nesting_error", "parse_expression", "too_deep"]
+           "check_nesting", "check_query", "nesting_error", "parse_expression", "sql_tokens", "too_deep"]

@@ -186,7 +186,19 @@ def _statement_cases() -> list:
             out.append(c)
     # comments around EXPLAIN of a read: read (they sent the check into endless recursion once)
     out += [case([*L, "sql", sql], 0, id=f"sql explain behind comments {i}")
-            for i, sql in enumerate(["/* x */ EXPLAIN /* y */ SELECT 1", "-- c\nEXPLAIN SELECT count(*) FROM turns"])]
+            for i, sql in enumerate(["/* x */ EXPLAIN /* y */ SELECT 1", "-- c\nEXPLAIN SELECT count(*) FROM turns",
+                                     "/* é ü */ EXPLAIN SELECT 'ß'"])]
+    # text that is not ASCII (DuckDB's tokenizer counts bytes) or not Unicode (a lone surrogate: what Python makes
+    # of a command-line byte that is not UTF-8) is read, or refused by name: once an IndexError or TypeError
+    for place in ("where", "sql"):
+        argv, prefix = ([*L, "export", f"{{out}}/ds-{place}", "--dataset", "--where"], "") if place == "where" else \
+            ([*L, "sql"], "SELECT ")
+        out += [case([*argv, "'\x80' = '(' OR num_turns > 0"], 1, "selects no episode", id="where non-ascii: read")
+                if place == "where" else case([*argv, "SELECT '\x80' = '('"], 0, id="sql non-ascii: read"),
+                case([*argv, prefix + "\x80;"], 1, "", id=f"{place} U+0080 then a semicolon"),
+                case([*argv, prefix + "'é' = 'é' OR " + "(" * 130 + "1" + ")" * 130], 1, "nests deeper than",
+                     id=f"{place} non-ascii before deep brackets"),
+                case([*argv, prefix + "'\udc80'"], 1, "is not valid text: character", id=f"{place} lone surrogate")]
     return out
 
 

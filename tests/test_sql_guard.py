@@ -17,7 +17,7 @@ from trajlake.cli import main
 from trajlake.schemas import TABLES, Episode, Turn
 from trajlake.store import Lake
 from trajlake.store.attach import ALIAS
-from trajlake.store.sql_guard import READ_ONLY_DUCKLAKE, UnsafeSQLError, check_filter, check_query
+from trajlake.store.sql_guard import READ_ONLY_DUCKLAKE, UnsafeSQLError, check_filter, check_query, sql_tokens
 
 #: DuckDB-file in the fast suite; SQLite and PostgreSQL in the slow one (CI runs both)
 BACKENDS = ["duckdb", pytest.param("sqlite", marks=pytest.mark.slow), pytest.param("postgres", marks=pytest.mark.slow)]
@@ -270,3 +270,19 @@ def test_threads_checking_at_once_each_get_their_own_answer():
     exprs = [f"success AND turns > {i}" for i in range(400)]
     with ThreadPoolExecutor(8) as pool:
         assert list(pool.map(lambda e: check_filter(e, "filter"), exprs)) == [None] * len(exprs)
+
+
+@pytest.mark.parametrize("sql", ["SELECT 1", "SELECT 'é' || (x) FROM t -- ß", "\x80;(", "/* 😀 */ [1, ('ü')]"])
+def test_token_positions_are_character_indexes(sql):
+    """Each token starts where the same text, tokenized alone from that character, starts: DuckDB's own offsets
+    are bytes, which a non-ASCII character before a token would shift."""
+    import duckdb
+    tokens = sql_tokens(sql)
+    assert [kind for _, kind in tokens] == [kind for _, kind in duckdb.tokenize(sql)]
+    for start, kind in tokens:
+        assert duckdb.tokenize(sql[start:])[0] == (0, kind), (sql, start)
+
+
+def test_a_lone_surrogate_is_refused_by_name():
+    with pytest.raises(UnsafeSQLError, match="the filter is not valid text: character 8 is a lone surrogate"):
+        sql_tokens("SELECT \udc80", "the filter")
