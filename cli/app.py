@@ -9,6 +9,7 @@ and exit non-zero; `--debug` shows the traceback instead (and the third-party ch
 
 from __future__ import annotations
 
+import inspect
 import sys
 from typing import Optional
 
@@ -20,9 +21,10 @@ from trajlake.cli.common import State, one_line
 from trajlake.core import display, quiet
 from trajlake.core.errors import TrajlakeError
 
-#: commands made when first asked for (or listed by --help), by name: `train`'s options come from TrainConfig,
-#: whose module imports torch, a second of start-up that `sql`, `view` and the others would pay
-LAZY_COMMANDS = {"train": train.command}
+#: commands made when first run (or asked for their own --help), by name: `train`'s options come from TrainConfig,
+#: whose module imports torch, a second or more of start-up that `sql`, `view`, `trajlake --help` and the others
+#: would pay. Until then the list of commands shows a stand-in with the command's own help text.
+LAZY_COMMANDS = {"train": (train.command, train.train)}
 
 #: the order `trajlake --help` lists the commands in: the pipeline's (a command not named here comes last)
 HELP_ORDER = ("collect", "evaluate", "envs", "serve-env", "rewards", "train", "sql", "tables", "snapshots", "view",
@@ -30,22 +32,28 @@ HELP_ORDER = ("collect", "evaluate", "envs", "serve-env", "rewards", "train", "s
 
 
 class _Commands(TyperGroup):
-    """The app's click group: the registered commands, and LAZY_COMMANDS' made when one is asked for."""
+    """The app's click group: the registered commands, and LAZY_COMMANDS', made when one is run."""
+
+    def resolve_command(self, ctx, args: list[str]):
+        if args and args[0] in LAZY_COMMANDS and not self._made(args[0]):
+            self.commands[args[0]] = LAZY_COMMANDS[args[0]][0]()
+        for name in LAZY_COMMANDS:  # the others' stand-ins: a typo's "did you mean" then knows every command
+            self.get_command(ctx, name)
+        return super().resolve_command(ctx, args)
 
     def get_command(self, ctx, name: str) -> TyperCommand | None:
-        if name not in self.commands:  # an unknown name too: "did you mean" then knows every command
-            self._make_lazy()
+        if name in LAZY_COMMANDS and name not in self.commands:  # listed, not run: its help text stands in
+            self.commands[name] = TyperCommand(name, help=inspect.getdoc(LAZY_COMMANDS[name][1]))
         return super().get_command(ctx, name)
 
     def list_commands(self, ctx) -> list[str]:
-        self._make_lazy()
         rank = {name: i for i, name in enumerate(HELP_ORDER)}
-        return sorted(super().list_commands(ctx), key=lambda name: rank.get(name, len(rank)))
+        names = set(super().list_commands(ctx)) | set(LAZY_COMMANDS)
+        return sorted(names, key=lambda name: rank.get(name, len(rank)))
 
-    def _make_lazy(self) -> None:
-        for name, make in LAZY_COMMANDS.items():
-            if name not in self.commands:
-                self.add_command(make(), name)
+    def _made(self, name: str) -> bool:
+        """Whether the lazy command `name` is made (not its stand-in)."""
+        return self.commands.get(name) is not None and self.commands[name].callback is not None
 
 
 app = typer.Typer(

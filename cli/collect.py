@@ -16,7 +16,7 @@ from trajlake.cli.options import rollout_options
 from trajlake.collect.config import CollectConfig, check_url
 from trajlake.core import display
 from trajlake.core.errors import TrajlakeError
-from trajlake.evaluate.run import EvalConfig
+from trajlake.evaluate.config import EvalConfig
 
 
 @rollout_options(CollectConfig, required=("env",))

@@ -6,15 +6,15 @@ from __future__ import annotations
 import math
 import re
 from pathlib import Path
-from typing import Optional
+from typing import TYPE_CHECKING, Optional
 
 import typer
 
 from trajlake.core.errors import TrajlakeError
 from trajlake.core.ids import check_id
-from trajlake.store import Lake
-from trajlake.store.outputs import check_output_path
-from trajlake.store.uri import parse_uri
+
+if TYPE_CHECKING:
+    from trajlake.store import Lake
 
 
 class State:
@@ -24,12 +24,25 @@ class State:
 
 def open_lake(*, read_only: bool = False) -> Lake:
     """The --lake lake; read commands open it read-only (they never create or change a lake)."""
+    from trajlake.store.lake import Lake  # the store's modules load with the first command that opens a lake
+
     return Lake.open(State.lake_uri, read_only=read_only)
+
+
+def check_output(lake: Lake, path: Path, what: str) -> Path:
+    """`store.outputs.check_output_path` for a command's output next to the open `lake`: nowhere inside it, under
+    any name."""
+    from trajlake.store.outputs import check_output_path
+
+    return check_output_path(lake.catalog, path, what)
 
 
 def check_lake_output(path: Path, what: str) -> Path:
     """`store.outputs.check_output_path` for a command that writes a file or folder without opening the lake
     (`model ... --out`): checked against the lake --lake (or its default) names, which need not exist yet."""
+    from trajlake.store.outputs import check_output_path
+    from trajlake.store.uri import parse_uri
+
     return check_output_path(parse_uri(State.lake_uri), path, what)
 
 

@@ -8,9 +8,8 @@ from typing import Optional
 
 import typer
 
-from trajlake.cli.common import PATH, open_lake, path_arg, run_id_arg
+from trajlake.cli.common import PATH, check_output, open_lake, path_arg, run_id_arg
 from trajlake.core import display
-from trajlake.store.outputs import check_output_path
 
 import_app = typer.Typer(help="Import trajectories from other tools' files.", no_args_is_help=True)
 
@@ -45,7 +44,7 @@ def export(
         if where != "true" or spec is not None:
             raise typer.BadParameter("--where and --spec go with --dataset")
         with open_lake(read_only=True) as lake:
-            check_output_path(lake.catalog, path, "export")
+            check_output(lake, path, "export")
             display.emit(lake.query(query, snapshot=snapshot), display.Format.parquet, path)
         return
     from trajlake.interop.hf_dataset import export_dataset
@@ -53,7 +52,7 @@ def export(
 
     loaded = load_spec(spec) if spec else None
     with open_lake(read_only=spec is None) as lake:  # scoring with a spec writes its rewards first
-        check_output_path(lake.catalog, path, "export --dataset")
+        check_output(lake, path, "export --dataset")
         n = export_dataset(lake, path, where, spec=loaded, snapshot=snapshot)
     display.console.print(f"{n} episodes exported to {path} (datasets.load_from_disk, or {path}/episodes.parquet)")
 

@@ -8,10 +8,9 @@ from typing import Optional
 
 import typer
 
-from trajlake.cli.common import PATH, open_lake, path_arg, run_id_arg
+from trajlake.cli.common import PATH, check_output, open_lake, path_arg, run_id_arg
 from trajlake.core import display
 from trajlake.core.errors import TrajlakeError
-from trajlake.store.outputs import check_output_path
 
 lease_app = typer.Typer(help="The run leases (one live process per run id): show one, or release one whose holder "
                         "is gone for good.", no_args_is_help=True)
@@ -43,14 +42,20 @@ def sql(
             display.shell(lake, snapshot=snapshot)
             return
         if out is not None:
-            check_output_path(lake.catalog, out, "sql --out")
-        display.emit(lake.query(query, snapshot=snapshot), fmt or display.Format(display.table_format().value), out)
+            check_output(lake, out, "sql --out")
+        fmt = fmt or display.Format(display.table_format().value)
+        if fmt in display.ROWS_FORMATS:  # printed from DuckDB's rows: no polars or pyarrow to import
+            result = lake.query(query, snapshot=snapshot, output="rows",
+                                max_rows=display.MAX_ROWS if out is None else None)
+        else:
+            result = lake.query(query, snapshot=snapshot)
+        display.emit(result, fmt, out)
 
 
 def snapshots() -> None:
     """List the lake's snapshots: id, time, stage, message, run id."""
     with open_lake(read_only=True) as lake:
-        display.show(lake.snapshots().drop("changes"), max_rows=10_000)
+        display.show(lake.snapshots(changes=False, output="rows", max_rows=10_000), max_rows=10_000)
 
 
 def tables() -> None:
@@ -59,7 +64,7 @@ def tables() -> None:
 
     with open_lake(read_only=True) as lake:
         counts = " UNION ALL ".join(f"SELECT '{t}' AS table_name, count(*) AS rows FROM {t}" for t in TABLES)
-        display.show(lake.query(counts))
+        display.show(lake.query(counts, output="rows"))
 
 
 def maintain(

@@ -9,9 +9,8 @@ from typing import Optional
 
 import typer
 
-from trajlake.cli.common import PATH, check_port, open_lake, path_arg, run_id_arg
+from trajlake.cli.common import PATH, check_output, check_port, open_lake, path_arg, run_id_arg
 from trajlake.core import display
-from trajlake.store.outputs import check_output_path
 
 
 def view(
@@ -32,7 +31,7 @@ def view(
     check_port(port)  # outside 0..65535 the socket layer raised OverflowError
     with open_lake(read_only=True) as lake:
         if out is not None:
-            check_output_path(lake.catalog, out, "view --out")
+            check_output(lake, out, "view --out")
             n = export_site(lake, out, snapshot=snapshot, spec=spec, max_episodes=max_episodes)
             display.console.print(f"viewer pages for {n} episodes in {out} (open {out / 'index.html'})")
             return
@@ -68,7 +67,7 @@ def report(
     from trajlake.evaluate.report import build_report
 
     with open_lake(read_only=True) as lake:
-        check_output_path(lake.catalog, out, "report --out")
+        check_output(lake, out, "report --out")
         index = build_report(lake, out, runs=runs or None)
     display.console.print(f"report: {index}")
 

@@ -17,7 +17,6 @@ from trajlake.core.config_types import (
     run_fields,
 )
 from trajlake.core.errors import TrajlakeError
-from trajlake.store.runs import differences
 
 RUN_KINDS = ("collect", "eval")
 TRUNCATION = ("stop",)
@@ -314,6 +313,8 @@ class CollectConfig(RolloutConfig):
                 return ({k: v for k, v in (old or {}).items() if k not in OPERATIONAL_ENV_KWARGS},
                         {k: v for k, v in (new or {}).items() if k not in OPERATIONAL_ENV_KWARGS})
             return old, new
+
+        from trajlake.store.runs import differences  # the ledger's module reads the stored schemas: pyarrow
 
         return differences(stored, self, adjust=adjust, order=REFUSAL_ORDER)
 

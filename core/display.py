@@ -5,6 +5,11 @@ and the recipes' global `--format`): a rich table by default, which on a termina
 anywhere else (a log file, a pipe) is as wide as its values, never folded; `plain` (columns aligned with
 spaces), `markdown` (a pipe table) or `csv` (every row) instead. Off a terminal `console` wraps no line either:
 a long line stays one line, and a rule shows its whole title.
+
+What prints is a polars DataFrame or `Rows` (a query's first rows as Python values, with its column names, type
+names and row count): `trajlake sql` prints a table from DuckDB's rows without importing polars or pyarrow,
+which would double the time a short query takes. polars is imported where a frame is written as CSV, JSON or
+parquet.
 """
 
 from __future__ import annotations
@@ -15,10 +20,11 @@ import io
 import json
 import re
 import sys
+from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
+from typing import TYPE_CHECKING, Union
 
-import polars as pl
 from rich.cells import cell_len
 from rich.console import Console
 from rich.measure import Measurement
@@ -27,6 +33,9 @@ from rich.text import Text
 
 from trajlake.core.atomic import atomic_output, write_text_atomically
 from trajlake.core.errors import TrajlakeError
+
+if TYPE_CHECKING:
+    import polars as pl
 
 
 class _Console(Console):
@@ -103,23 +112,46 @@ def _cell(v) -> Text:
     return Text(_text(v))
 
 
-def _type_name(dtype: pl.DataType) -> str:
+@dataclass(frozen=True)
+class Rows:
+    """A result's first rows as Python values, with its column names, their type names (as polars names them)
+    and the result's whole row count: what a table for people needs, without a dataframe library."""
+
+    names: tuple[str, ...]
+    types: tuple[str, ...]
+    rows: list[tuple]
+    height: int
+
+
+#: what `show`, `emit` and the renderers take
+Shown = Union["pl.DataFrame", Rows]
+
+
+def _type_name(dtype) -> str:
     return str(dtype).split("(")[0].lower()
 
 
-def _caption(df: pl.DataFrame, max_rows: int) -> str:
+def _first_rows(df: Shown, max_rows: int) -> Rows:
+    """`df`'s first `max_rows` rows as `Rows` (a polars frame's converted)."""
+    if isinstance(df, Rows):
+        return df if len(df.rows) <= max_rows else Rows(df.names, df.types, df.rows[:max_rows], df.height)
+    return Rows(tuple(df.columns), tuple(_type_name(t) for t in df.dtypes), df.head(max_rows).rows(), df.height)
+
+
+def _caption(df: Shown, max_rows: int) -> str:
     if df.height > max_rows:
         return f"{df.height} rows, first {max_rows} shown (use --format csv or --out for all)"
     return f"{df.height} row{'s' if df.height != 1 else ''}"
 
 
-def render_table(df: pl.DataFrame, max_rows: int = MAX_ROWS) -> Table:
+def render_table(df: Shown, max_rows: int = MAX_ROWS) -> Table:
     """`df`'s first `max_rows` rows as a rich table (a column too wide for a terminal folds there; off a
     terminal `print_table` gives it its full width)."""
+    first = _first_rows(df, max_rows)
     table = Table(show_header=True, header_style="bold")
-    for name, dtype in df.schema.items():
-        table.add_column(f"{name}\n[dim]{_type_name(dtype)}[/dim]", overflow="fold")
-    for row in df.head(max_rows).iter_rows():
+    for name, type_name in zip(first.names, first.types, strict=True):
+        table.add_column(f"{name}\n[dim]{type_name}[/dim]", overflow="fold")
+    for row in first.rows:
         table.add_row(*(_cell(v) for v in row))
     table.caption = _caption(df, max_rows)
     return table
@@ -157,21 +189,23 @@ def _flat(v) -> str:
     return _text(v).replace("\n", "\\n").replace("\r", "\\r").replace("\t", "\\t")
 
 
-def plain_text(df: pl.DataFrame, max_rows: int = MAX_ROWS, *, caption: bool = True) -> str:
+def plain_text(df: Shown, max_rows: int = MAX_ROWS, *, caption: bool = True) -> str:
     """`df`'s first `max_rows` rows as columns aligned with spaces under a header line, then the row count."""
-    rows = [list(df.columns)] + [[_flat(v) for v in row] for row in df.head(max_rows).iter_rows()]
-    widths = [max(cell_len(r[i]) for r in rows) for i in range(df.width)]
+    first = _first_rows(df, max_rows)
+    rows = [list(first.names)] + [[_flat(v) for v in row] for row in first.rows]
+    widths = [max(cell_len(r[i]) for r in rows) for i in range(len(first.names))]
     lines = ["  ".join(c + " " * (w - cell_len(c)) for c, w in zip(r, widths, strict=True)).rstrip() for r in rows]
     return "\n".join(lines + ([_caption(df, max_rows)] if caption else [])) + "\n"
 
 
-def markdown_text(df: pl.DataFrame, max_rows: int = MAX_ROWS, *, caption: bool = True) -> str:
+def markdown_text(df: Shown, max_rows: int = MAX_ROWS, *, caption: bool = True) -> str:
     """`df`'s first `max_rows` rows as a markdown (GFM) pipe table, then the row count after a blank line."""
     def esc(c: str) -> str:
         return c.replace("|", "\\|")
 
-    rows = [[esc(c) for c in df.columns]] + [[esc(_flat(v)) for v in row] for row in df.head(max_rows).iter_rows()]
-    widths = [max(3, *(cell_len(r[i]) for r in rows)) for i in range(df.width)]
+    first = _first_rows(df, max_rows)
+    rows = [[esc(c) for c in first.names]] + [[esc(_flat(v)) for v in row] for row in first.rows]
+    widths = [max(3, *(cell_len(r[i]) for r in rows)) for i in range(len(first.names))]
 
     def line(r: list[str]) -> str:
         return "| " + " | ".join(c + " " * (w - cell_len(c)) for c, w in zip(r, widths, strict=True)) + " |"
@@ -180,7 +214,7 @@ def markdown_text(df: pl.DataFrame, max_rows: int = MAX_ROWS, *, caption: bool =
     return "\n".join(lines + (["", _caption(df, max_rows)] if caption else [])) + "\n"
 
 
-def show(df: pl.DataFrame, max_rows: int = MAX_ROWS) -> None:
+def show(df: Shown, max_rows: int = MAX_ROWS) -> None:
     """`df` printed for people, on stdout, in the format chosen for the process (`set_table_format`)."""
     emit(df, Format(_table_format.value), None, max_rows=max_rows)
 
@@ -197,10 +231,16 @@ def _write(out: Path, text: str | None = None, table: Table | None = None) -> No
         raise TrajlakeError(f"cannot write {out}: {e.strerror or e}") from None
 
 
-def emit(df: pl.DataFrame, fmt: Format, out: Path | None, max_rows: int = MAX_ROWS) -> None:
+#: the formats `emit` writes from `Rows` (people's tables); the others need the whole result as a frame
+ROWS_FORMATS = (Format.table, Format.plain, Format.markdown)
+
+
+def emit(df: Shown, fmt: Format, out: Path | None, max_rows: int = MAX_ROWS) -> None:
     """Write `df` in `fmt` to `out` (a file: every row) or stdout (table, plain, markdown: the first
-    `max_rows` rows)."""
+    `max_rows` rows). `Rows` print in ROWS_FORMATS only, and to a file only when they hold every row."""
     fmt = Format(fmt)
+    if isinstance(df, Rows) and (fmt not in ROWS_FORMATS or (out is not None and len(df.rows) < df.height)):
+        raise TrajlakeError(f"internal: {fmt.value} output of {df.height} rows needs them as a frame")
     if fmt is Format.parquet:
         if out is None:
             raise TrajlakeError("--format parquet needs --out PATH")
@@ -227,6 +267,8 @@ def emit(df: pl.DataFrame, fmt: Format, out: Path | None, max_rows: int = MAX_RO
         return
     # LIST, STRUCT and MAP columns are JSON in both formats: a JSON text cell in CSV, nested JSON in JSON (a MAP,
     # which reaches polars as a list of key/value structs, as an object)
+    import polars as pl
+
     nested = [c for c, t in df.schema.items() if t.is_nested()]
     if fmt is Format.csv:
         df = df.with_columns(pl.Series(c, [_json_text(_plain(v)) for v in df[c].to_list()], dtype=pl.String)
@@ -269,6 +311,8 @@ def _json_text(v) -> str | None:
 
 def emit_vertical(df: pl.DataFrame, key: str | None = None) -> None:
     """Print a few wide rows as one row per column (metric | value...), which fits a terminal."""
+    import polars as pl
+
     if df.height == 0:
         show(df)
         return

@@ -22,8 +22,9 @@ import polars as pl
 
 from trajlake.collect.config import MAX_TEMPERATURE
 from trajlake.core.errors import TrajlakeError
+from trajlake.evaluate.config import EvalConfig
 from trajlake.evaluate.metrics import wilson_interval
-from trajlake.evaluate.run import EvalConfig, evaluate
+from trajlake.evaluate.run import evaluate
 from trajlake.store import Lake
 
 #: the most temperatures one sweep plays (each is a whole evaluation)

@@ -254,7 +254,8 @@ def demonstrations_filter(cfg: DemoConfig, run_id: str) -> str:
 
 def evaluate_policies(cfg: DemoConfig, lake: Lake, policies: list[str], model: Path,
                       split: str = "test") -> pl.DataFrame:
-    from trajlake.evaluate.run import EvalConfig, evaluate
+    from trajlake.evaluate.config import EvalConfig
+    from trajlake.evaluate.run import evaluate
 
     ec = EvalConfig(policies=tuple(policies), split=split, tasks=cfg.eval_tasks, greedy=True, tokenizer=str(model),
                     seed=cfg.seed, progress=cfg.progress, **cfg.rollout)

@@ -69,7 +69,7 @@ def choose_rollout_temperature(cfg, lake: Lake, policy: str, model: Path) -> flo
     within greedy's interval (evaluate.temperature), its table printed."""
     if not cfg.temperatures:
         return cfg.temperature
-    from trajlake.evaluate.run import EvalConfig
+    from trajlake.evaluate.config import EvalConfig
     from trajlake.evaluate.temperature import sweep_temperatures
 
     base = EvalConfig(policies=(policy,), split="val", tasks=cfg.eval_tasks, tokenizer=str(model), seed=cfg.seed,

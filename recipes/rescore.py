@@ -141,7 +141,8 @@ def workflow(cfg: RescoreConfig, lake: Lake, model: Path, seed: int) -> dict[str
 
 def evaluate_stages(cfg: RescoreConfig, lake: Lake, model: Path, stages: dict[str, str], seed: int) -> pl.DataFrame:
     """Step 5: success and reply tokens of each stage's policy on the same held-out tasks, sampled."""
-    from trajlake.evaluate.run import EvalConfig, evaluate
+    from trajlake.evaluate.config import EvalConfig
+    from trajlake.evaluate.run import evaluate
 
     ec = EvalConfig(policies=tuple(stages.values()), split="test", tasks=cfg.eval_tasks, temperature=1.0,
                     tokenizer=str(model), seed=seed, progress=cfg.progress, spec=str(SPECS_DIR / "concise.toml"),

@@ -16,8 +16,8 @@ import duckdb
 from trajlake.core.errors import CatalogError
 from trajlake.store import extensions, objectstore
 from trajlake.store.attach import _attach
+from trajlake.store.connection import MAX_RETRIES, RETRYABLE
 from trajlake.store.uri import CatalogURI, parse_uri
-from trajlake.store.write import MAX_RETRIES, RETRYABLE
 
 #: Errors of concurrent first opens, which create the same schema and tables, that a retry resolves (besides
 #: those of concurrent writers).

@@ -12,6 +12,10 @@ import duckdb
 from trajlake.store import objectstore
 from trajlake.store.uri import CatalogURI
 
+#: Transient errors of concurrent writers that a retry resolves.
+RETRYABLE = ("conflict", "database is locked", "could not serialize", "deadlock", "busy")
+MAX_RETRIES = 30
+
 
 class Connection:
     """A DuckDB connection with a lake's catalog attached (as attach.ALIAS), opened on `catalog`, read-only or

@@ -14,20 +14,26 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from datetime import timedelta
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 import duckdb
-import polars as pl
-import pyarrow as pa
 
 from trajlake.core.errors import TrajlakeError
-from trajlake.store import connect, migrate, query, write
-from trajlake.store import maintain as maintenance
+from trajlake.store import connect, query
 from trajlake.store.connection import Connection
 from trajlake.store.uri import CatalogURI
-from trajlake.store.write import CommitResult
 
-__all__ = ["Lake", "CommitResult"]
+if TYPE_CHECKING:
+    import polars as pl
+    import pyarrow as pa
+
+    from trajlake.core.display import Rows
+    from trajlake.store.write import CommitResult
+
+# The modules that write (migrate.py, write.py, maintain.py: pyarrow, through the schemas) load when a lake first
+# writes: a read-only command (`trajlake sql`) pays for duckdb only.
+
+__all__ = ["Lake"]
 
 
 class Lake:
@@ -59,6 +65,8 @@ class Lake:
         con, catalog = connect.open_connection(uri, read_only=read_only)
         lake = cls(con, catalog, read_only)
         if not read_only:
+            from trajlake.store import migrate
+
             try:  # another process may be creating the same tables right now
                 connect.retrying_races(lambda: migrate.ensure_tables(lake._connection), TrajlakeError)
             except BaseException:
@@ -97,6 +105,8 @@ class Lake:
         validated before anything is written. Rows whose key is already stored are skipped, so a writer
         that died after committing can retry without duplicates. Returns the snapshot made, or None.
         """
+        from trajlake.store import write
+
         return write.append(self._connection, data, stage=stage, run_id=run_id, message=message)
 
     def update(
@@ -110,6 +120,8 @@ class Lake:
         message: str | None = None,
     ) -> int | None:
         """Set `values` on the row of `table` with `key` (e.g. a run's status), in one snapshot."""
+        from trajlake.store import write
+
         return write.update(self._connection, table, key, values, stage=stage, run_id=run_id, message=message)
 
     def _transaction(self, write_rows, *, stage: str, message: str, run_id: str | None = None) -> int | None:
@@ -118,6 +130,8 @@ class Lake:
         `write_rows` returns whether it changed anything; if not, the transaction is rolled back and no
         snapshot is made. Returns the snapshot id committed, or None.
         """
+        from trajlake.store import write
+
         return write.transaction(self._connection, write_rows, stage=stage, message=message, run_id=run_id)
 
     # ---- reading (store/query.py) --------------------------------------------------------------
@@ -127,20 +141,25 @@ class Lake:
         params: list | None = None,
         *,
         snapshot: int | None = None,
-        output: Literal["polars", "arrow"] = "polars",
+        output: Literal["polars", "arrow", "rows"] = "polars",
         tables: Mapping[str, pa.Table] | None = None,
-    ) -> pl.DataFrame | pa.Table:
+        max_rows: int | None = None,
+    ) -> pl.DataFrame | pa.Table | Rows:
         """Run `sql` over the store's tables (bare names: `episodes`, `turns`, ...).
 
         With `snapshot`, every table is read as it was at that snapshot (and so is every view of
         schemas/views.py, e.g. `token_rewards`). `tables` are extra Arrow tables the query may read by name.
-        Returns polars or Arrow.
+        Returns polars, Arrow or, for printing, `display.Rows` (the first `max_rows` rows as Python values, with
+        the whole count; no polars or pyarrow imported).
         """
-        return query.query(self._connection, sql, params, snapshot=snapshot, output=output, tables=tables)
+        return query.query(self._connection, sql, params, snapshot=snapshot, output=output, tables=tables,
+                           max_rows=max_rows)
 
-    def snapshots(self) -> pl.DataFrame:
-        """Every snapshot: id, time, stage (author), message, run id, and what changed."""
-        return query.snapshots(self._connection)
+    def snapshots(self, *, changes: bool = True, output: Literal["polars", "rows"] = "polars",
+                  max_rows: int | None = None) -> pl.DataFrame | Rows:
+        """Every snapshot: id, time, stage (author), message, run id, and (`changes`) what changed; as polars
+        or, for printing, `display.Rows` (`Lake.query`)."""
+        return query.snapshots(self._connection, changes=changes, output=output, max_rows=max_rows)
 
     def current_snapshot(self) -> int:
         return query.current_snapshot(self._connection)
@@ -151,4 +170,6 @@ class Lake:
     # ---- maintenance (store/maintain.py) -------------------------------------------------------
     def maintain(self, *, expire_older_than: timedelta | None = None, grace: timedelta = timedelta(hours=1)) -> dict:
         """Flush inlined rows, merge small files, expire old snapshots, delete unused files (store/maintain.py)."""
+        from trajlake.store import maintain as maintenance
+
         return maintenance.maintain(self._connection, expire_older_than=expire_older_than, grace=grace)

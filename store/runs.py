@@ -26,7 +26,8 @@ from trajlake.core.errors import TrajlakeError
 from trajlake.schemas import Run
 
 if TYPE_CHECKING:
-    from trajlake.store.lake import CommitResult, Lake
+    from trajlake.store.lake import Lake
+    from trajlake.store.write import CommitResult
 
 #: (field, stored value, given value): one identifying setting a resume would change
 Difference = tuple[str, Any, Any]

@@ -25,6 +25,7 @@ from functools import lru_cache
 import duckdb
 
 from trajlake.core.errors import TrajlakeError
+from trajlake.core.sql_text import sql_str
 
 #: DuckLake's functions that only read (its snapshot list, options, files and change feeds). Every other
 #: `ducklake_*` function (maintenance, options, commits, adding files: and any a later DuckLake adds) is refused.
@@ -130,7 +131,10 @@ def _parse_tree(sql: str, what: str) -> dict:
     SQLNestingError where it nests too deep to read."""
     # a cursor per call: threads checking at once would otherwise fetch each other's results off one connection
     with _con().cursor() as cur:
-        text = cur.execute("SELECT json_serialize_sql(?)", [sql]).fetchone()[0]
+        if "\x00" in sql:  # a NUL would end a literal early; a parameter carries it (and costs pandas' import)
+            text = cur.execute("SELECT json_serialize_sql(?)", [sql]).fetchone()[0]
+        else:  # a literal, not a parameter: DuckDB imports pandas (half a second) to look at a parameter list
+            text = cur.execute(f"SELECT json_serialize_sql({sql_str(sql)})").fetchone()[0]
     try:
         tree = json.loads(text)
     except RecursionError:  # json's decoder recurses per level: a tree past Python's stack is past MAX_DEPTH

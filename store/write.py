@@ -22,14 +22,12 @@ import pyarrow as pa
 from trajlake.core.errors import TrajlakeError
 from trajlake.schemas.tables import TABLES, is_json, table_def
 from trajlake.store.attach import ALIAS
+from trajlake.store.connection import MAX_RETRIES, RETRYABLE
 from trajlake.store.validate import conform
 
 if TYPE_CHECKING:
     from trajlake.store.connection import Connection
 
-#: Transient errors of concurrent writers that a retry resolves.
-RETRYABLE = ("conflict", "database is locked", "could not serialize", "deadlock", "busy")
-MAX_RETRIES = 30
 #: A one-row table every append of a multi-process catalog updates in its transaction. DuckLake lets two
 #: transactions insert into one table without conflict, so two writers' `WHERE NOT EXISTS` key checks could
 #: both pass and store a key twice; two transactions that both update this row conflict at commit instead, and

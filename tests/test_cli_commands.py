@@ -12,7 +12,7 @@ from trajlake.cli import app, main
 from trajlake.cli.app import HELP_ORDER
 from trajlake.collect.config import ROLLOUT_FIELDS, CollectConfig
 from trajlake.core.config_types import field_docs
-from trajlake.evaluate.run import EvalConfig
+from trajlake.evaluate.config import EvalConfig
 from trajlake.train.__main__ import parser
 from trajlake.train.config import TrainConfig
 from trajlake.train.overrides import OVERRIDES, given_overrides, option_name, override_specs

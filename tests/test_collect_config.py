@@ -52,7 +52,7 @@ def test_rollout_settings_are_declared_once():
 
     from trajlake.collect.config import ROLLOUT_FIELDS, RolloutConfig
     from trajlake.core.config_types import field_docs
-    from trajlake.evaluate.run import EvalConfig
+    from trajlake.evaluate.config import EvalConfig
     from trajlake.train.config import TrainConfig
 
     defaults = {f.name: f.default for f in dataclasses.fields(RolloutConfig)}

@@ -12,8 +12,9 @@ import pytest
 from tests.helpers import tiny_model_dir
 from trajlake.cli import main
 from trajlake.core.errors import TrajlakeError
+from trajlake.evaluate.config import EvalConfig
 from trajlake.evaluate.metrics import format_summary, mean_interval, pass_at_k, summarize, wilson_interval
-from trajlake.evaluate.run import EvalConfig, eval_run_id, evaluate
+from trajlake.evaluate.run import eval_run_id, evaluate
 from trajlake.store import Lake
 
 # ---- statistics -------------------------------------------------------------------------------------

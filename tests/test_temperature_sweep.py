@@ -10,7 +10,8 @@ import pytest
 
 from trajlake.cli import main
 from trajlake.core.errors import TrajlakeError
-from trajlake.evaluate.run import EvalConfig, evaluate
+from trajlake.evaluate.config import EvalConfig
+from trajlake.evaluate.run import evaluate
 from trajlake.evaluate.temperature import (
     MAX_SWEEP,
     SweepPoint,

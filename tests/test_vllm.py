@@ -110,7 +110,8 @@ def test_new_weights_load_into_the_running_engine(engine, taught, tmp_path_facto
 
 
 def test_collect_and_evaluate_end_to_end_by_spec(taught, tmp_path):
-    from trajlake.evaluate.run import EvalConfig, evaluate
+    from trajlake.evaluate.config import EvalConfig
+    from trajlake.evaluate.run import evaluate
 
     with Lake.open(str(tmp_path / "lake")) as lake:
         ec = EvalConfig(env="guess", policies=(f"vllm:{taught}",), tasks=4, greedy=True, max_turns=2,

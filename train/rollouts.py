@@ -84,7 +84,8 @@ def eval_config(r: TrainRun, policy_id: str, step: int):
     """The collect run of a held-out eval of this train run, made by evaluate's own code: greedy, one sample
     of `eval_tasks` tasks of `eval_split`, played as the rollouts are."""
     from trajlake.collect.config import rollout_fields
-    from trajlake.evaluate.run import EvalConfig, eval_collect_config
+    from trajlake.evaluate.config import EvalConfig
+    from trajlake.evaluate.run import eval_collect_config
 
     c, policy = r.cfg, f"policy:{policy_id}"
     ec = EvalConfig(**rollout_fields(c, split=c.eval_split, concurrency=min(c.concurrency, c.eval_tasks)),

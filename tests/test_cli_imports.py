@@ -1,0 +1,62 @@
+"""The light commands start without the heavy libraries (issue 37: `trajlake sql` paid 1.4 s, `--help` 3 s, for
+imports its work never used). Each command runs in a fresh interpreter, which then lists what it imported."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from trajlake.store import Lake
+
+#: what no light command may import: the model stack, the dataframe libraries and what they pull in
+HEAVY = ("torch", "transformers", "deepspeed", "ray", "polars", "pyarrow", "pandas", "numpy")
+
+RUN = """
+import json, sys
+from trajlake.cli.app import main
+code = main(sys.argv[1:])
+print(json.dumps({"code": code, "heavy": sorted({m.split(".")[0] for m in sys.modules} & set(%r))}))
+""" % (HEAVY,)
+
+
+def imported(argv: list[str], cwd) -> tuple[int, list[str]]:
+    out = subprocess.run([sys.executable, "-c", RUN, *argv], cwd=cwd, capture_output=True, text=True, timeout=120)
+    last = json.loads(out.stdout.strip().splitlines()[-1])
+    return last["code"], last["heavy"]
+
+
+@pytest.fixture(scope="module")
+def lake_dir(tmp_path_factory):
+    root = tmp_path_factory.mktemp("light")
+    Lake.open(str(root / "lake")).close()
+    return root
+
+
+@pytest.mark.parametrize("argv, allowed", [
+    (["--help"], ()),
+    (["collect", "--help"], ()),
+    (["trian"], ()),  # a typo: "did you mean 'train'" without making train's options
+    (["--lake", "lake", "sql", "SELECT count(*) AS n FROM episodes"], ()),
+    (["--lake", "lake", "--format", "plain", "sql", "SELECT * FROM runs"], ()),
+    (["--lake", "lake", "sql", "SELECT 1 AS a", "-f", "markdown"], ()),
+    (["--lake", "lake", "snapshots"], ()),
+    (["--lake", "lake", "sql", "SELECT 1 AS a", "-f", "json"], ("polars", "pyarrow", "numpy")),  # a frame's output
+    (["--lake", "lake", "tables"], ("pyarrow", "numpy")),  # the table list is the store's schemas (Arrow)
+], ids=lambda v: " ".join(v) if isinstance(v, list) else None)
+def test_a_light_command_imports_nothing_heavy(argv, allowed, lake_dir):
+    code, heavy = imported(argv, lake_dir)
+    assert code in (0, 2), code  # 2: the typo
+    assert set(heavy) <= set(allowed), f"trajlake {' '.join(argv)} imported {heavy}"
+
+
+def test_train_is_made_when_run_and_its_help_is_whole(lake_dir):
+    """The stand-in `trajlake --help` lists carries train's help text; `train --help` shows its real options."""
+    listing = subprocess.run([sys.executable, "-m", "trajlake", "--help"], cwd=lake_dir, capture_output=True,
+                             text=True, timeout=120, env={"COLUMNS": "200", "PATH": ""}).stdout
+    assert "Train from the store: SFT warm start" in listing
+    own = subprocess.run([sys.executable, "-m", "trajlake", "train", "--help"], cwd=lake_dir, capture_output=True,
+                         text=True, timeout=120, env={"COLUMNS": "200", "PATH": ""}).stdout
+    assert "--iterations" in own and "Config overrides" in own
