@@ -54,6 +54,7 @@ def benches(with_vllm: bool = False) -> list[Bench]:
         Bench("rewards", ("--quick",)),
         Bench("store", ("--quick",)),
         Bench("viewer", ("--quick",)),
+        Bench("cli", ()),
     ]
     if with_vllm:
         suite.append(Bench("collect", ("--model", str(SMOLLM2), "--threads", "0", "--episodes", "16",

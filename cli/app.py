@@ -21,10 +21,12 @@ from trajlake.cli.common import State, one_line
 from trajlake.core import display, quiet
 from trajlake.core.errors import TrajlakeError
 
-#: commands made when first run (or asked for their own --help), by name: `train`'s options come from TrainConfig,
-#: whose module imports torch, a second or more of start-up that `sql`, `view`, `trajlake --help` and the others
-#: would pay. Until then the list of commands shows a stand-in with the command's own help text.
-LAZY_COMMANDS = {"train": (train.command, train.train)}
+#: commands made when first run (or asked for their own --help), by name, with the function whose docstring is
+#: their help: `train`'s options come from TrainConfig, whose module imports torch (a second or more), and
+#: collect's and evaluate's dozens of options cost typer 50 ms, which `sql`, `view` and `trajlake --help` would
+#: pay. Until then the list of commands shows a stand-in carrying the command's own help text.
+LAZY_COMMANDS = {"collect": (collect.collect_command, collect.collect),
+                 "evaluate": (collect.evaluate_command, collect.evaluate), "train": (train.command, train.train)}
 
 #: the order `trajlake --help` lists the commands in: the pipeline's (a command not named here comes last)
 HELP_ORDER = ("collect", "evaluate", "envs", "serve-env", "rewards", "train", "sql", "tables", "snapshots", "view",

@@ -1,25 +1,28 @@
 """The `trajlake` commands that play envs: `collect` (store episodes for training), `evaluate` (held-out
 episodes, with success, pass@k and intervals), `envs` (the registered envs) and `serve-env` (one of them over
-AgentGym's HTTP protocol). Their rollout options come from RolloutConfig's fields (cli/options.py)."""
+AgentGym's HTTP protocol). Their rollout options come from RolloutConfig's fields (cli/options.py).
+
+`collect` and `evaluate` are made by `collect_command()` and `evaluate_command()` when run (cli/app.py): their
+dozens of options cost typer a twentieth of a second, which `trajlake sql` would pay too."""
 
 from __future__ import annotations
 
 import dataclasses
 import sys
 from pathlib import Path
-from typing import Optional
+from typing import TYPE_CHECKING, Optional
 
 import typer
+from typer.core import TyperCommand
 
-from trajlake.cli.common import PATH, check_text, open_lake, path_arg, run_id_arg
-from trajlake.cli.options import rollout_options
-from trajlake.collect.config import CollectConfig, check_url
+from trajlake.cli.common import PATH, check_text, one_command, open_lake, path_arg, run_id_arg
 from trajlake.core import display
 from trajlake.core.errors import TrajlakeError
-from trajlake.evaluate.config import EvalConfig
+
+if TYPE_CHECKING:
+    from trajlake.evaluate.config import EvalConfig
 
 
-@rollout_options(CollectConfig, required=("env",))
 def collect(
     policy: str = typer.Option(..., "--policy", help="hf:PATH, vllm:PATH, openai:URL#MODEL, scripted:ENV, policy:ID"),
     tasks: int = typer.Option(32, "--tasks", help="How many tasks of the split."),
@@ -37,6 +40,7 @@ def collect(
     """Play episodes with a policy and store them, token for token. The same --run-id resumes a run (with the
     settings it was started with), retrying the episodes that ended in an env error; a run whose every episode
     ended in one is marked failed and exits 1."""
+    from trajlake.collect.config import CollectConfig, check_url
     from trajlake.collect.envs.agentgym_client import resolve_env_name
     from trajlake.collect.policies import resolve_policy_spec
     from trajlake.collect.rollout import collect as run_collect
@@ -56,7 +60,6 @@ def collect(
         display.console.print(line, markup=False, highlight=False, soft_wrap=True)  # the last line: what to retry
 
 
-@rollout_options(EvalConfig, required=("env",))
 def evaluate(
     ctx: typer.Context,
     policy: list[str] = typer.Option(..., "--policy", help="Policy spec to evaluate; repeat to compare several."),
@@ -82,7 +85,9 @@ def evaluate(
     temperature of one policy instead (docs/evaluate.md: Choosing the rollout temperature)."""
     import polars as pl
 
+    from trajlake.collect.config import check_url
     from trajlake.collect.envs.agentgym_client import resolve_env_name
+    from trajlake.evaluate.config import EvalConfig
     from trajlake.evaluate.metrics import format_summary
     from trajlake.evaluate.run import evaluate as run_eval
 
@@ -217,8 +222,22 @@ def serve_env(
     run_server(env, host, port, split, prefix, preset=get_preset(shape))
 
 
+def collect_command() -> TyperCommand:
+    """The `collect` click command, its rollout options made from CollectConfig now."""
+    from trajlake.cli.options import rollout_options
+    from trajlake.collect.config import CollectConfig
+
+    return one_command("collect", rollout_options(CollectConfig, required=("env",))(collect))
+
+
+def evaluate_command() -> TyperCommand:
+    """The `evaluate` click command, its rollout options made from EvalConfig now."""
+    from trajlake.cli.options import rollout_options
+    from trajlake.evaluate.config import EvalConfig
+
+    return one_command("evaluate", rollout_options(EvalConfig, required=("env",))(evaluate))
+
+
 def register(app: typer.Typer) -> None:
-    app.command()(collect)
-    app.command()(evaluate)
     app.command()(envs)
     app.command("serve-env")(serve_env)

@@ -14,12 +14,21 @@ from trajlake.core.errors import TrajlakeError
 from trajlake.core.ids import check_id
 
 if TYPE_CHECKING:
+    from typer.core import TyperCommand
+
     from trajlake.store import Lake
 
 
 class State:
     lake_uri: Optional[str] = None
     debug: bool = False
+
+
+def one_command(name: str, fn) -> TyperCommand:
+    """`fn` as the click command `name`, made now: the commands cli/app.py makes only when they are run."""
+    one = typer.Typer(add_completion=False, pretty_exceptions_enable=False)
+    one.command(name)(fn)
+    return typer.main.get_command(one)
 
 
 def open_lake(*, read_only: bool = False) -> Lake:

@@ -12,7 +12,7 @@ from typing import Optional
 import typer
 from typer.core import TyperCommand
 
-from trajlake.cli.common import PATH, State, check_finite, open_lake, path_arg, run_id_arg
+from trajlake.cli.common import PATH, State, check_finite, one_command, open_lake, path_arg, run_id_arg
 from trajlake.cli.options import override_options
 from trajlake.core import display
 from trajlake.train.overrides import option_name
@@ -82,6 +82,4 @@ def refuse_a_held_run(config: Path, overrides: dict) -> None:
 
 def command() -> TyperCommand:
     """The `train` click command, its override options made from TrainConfig now."""
-    one = typer.Typer(add_completion=False, pretty_exceptions_enable=False)
-    one.command("train")(override_options()(train))
-    return typer.main.get_command(one)
+    return one_command("train", override_options()(train))

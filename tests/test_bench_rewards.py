@@ -68,7 +68,8 @@ def test_a_tiny_run_writes_its_headline_rows(bench, tmp_path, capsys):
     assert [r["target"] for r in rows] == [pytest.approx(1 / 1.3), 4.0]
     for r in rows:
         assert r["unit"] == "s" and r["trajlake_value"] > 0 and r["alternative_value"] > 0
-        assert r["ratio"] == pytest.approx(r["alternative_value"] / r["trajlake_value"], rel=1e-2)
+        # a row keeps its ratio to 3 decimals: a small one (a loaded machine) is within 0.0005 of the quotient
+        assert r["ratio"] == pytest.approx(r["alternative_value"] / r["trajlake_value"], rel=1e-2, abs=5e-4)
         assert r["met"] == (r["ratio"] >= r["target"])
     assert len(rows[0]["extra"]["trajlake_runs"]) == len(rows[0]["extra"]["bare_runs"]) == 2
 
