@@ -44,18 +44,26 @@ def sql(
         if out is not None:
             check_output(lake, out, "sql --out")
         fmt = fmt or display.Format(display.table_format().value)
-        if fmt in display.ROWS_FORMATS:  # printed from DuckDB's rows: no polars or pyarrow to import
-            result = lake.query(query, snapshot=snapshot, output="rows",
-                                max_rows=display.MAX_ROWS if out is None else None)
-        else:
-            result = lake.query(query, snapshot=snapshot)
-        display.emit(result, fmt, out)
+        display.emit(lake.query(query, snapshot=snapshot, **_read_as(fmt, out)), fmt, out)
+
+
+def _read_as(fmt: display.Format, out: Path | None, max_rows: int = display.MAX_ROWS) -> dict:
+    """How to read a result printed in `fmt` (to `out`): as DuckDB's rows for people's tables (no polars or pyarrow
+    imported; only the rows printed, unless a file gets them all), as a polars frame for CSV, JSON and parquet."""
+    if fmt in display.ROWS_FORMATS:
+        return {"output": "rows", "max_rows": max_rows if out is None else None}
+    return {"output": "polars"}
+
+
+def _shown_format() -> display.Format:
+    """The format `display.show` prints in: the global --format."""
+    return display.Format(display.table_format().value)
 
 
 def snapshots() -> None:
     """List the lake's snapshots: id, time, stage, message, run id."""
     with open_lake(read_only=True) as lake:
-        display.show(lake.snapshots(changes=False, output="rows", max_rows=10_000), max_rows=10_000)
+        display.show(lake.snapshots(changes=False, **_read_as(_shown_format(), None, 10_000)), max_rows=10_000)
 
 
 def tables() -> None:
@@ -64,7 +72,7 @@ def tables() -> None:
 
     with open_lake(read_only=True) as lake:
         counts = " UNION ALL ".join(f"SELECT '{t}' AS table_name, count(*) AS rows FROM {t}" for t in TABLES)
-        display.show(lake.query(counts, output="rows"))
+        display.show(lake.query(counts, **_read_as(_shown_format(), None)))
 
 
 def maintain(

@@ -60,3 +60,16 @@ def test_train_is_made_when_run_and_its_help_is_whole(lake_dir):
     own = subprocess.run([sys.executable, "-m", "trajlake", "train", "--help"], cwd=lake_dir, capture_output=True,
                          text=True, timeout=120, env={"COLUMNS": "200", "PATH": ""}).stdout
     assert "--iterations" in own and "Config overrides" in own
+
+
+@pytest.mark.parametrize("command, header", [("tables", "table_name,rows"),
+                                             ("snapshots", "snapshot_id,snapshot_time,stage,message,run_id")])
+def test_people_s_tables_print_in_every_global_format(command, header, lake_dir):
+    """`tables` and `snapshots` read DuckDB's rows for a table, a frame for CSV (the global --format): each format
+    prints, CSV with its header and every row."""
+    for fmt in ("table", "plain", "markdown", "csv"):
+        out = subprocess.run([sys.executable, "-m", "trajlake", "--lake", "lake", "--format", fmt, command],
+                             cwd=lake_dir, capture_output=True, text=True, timeout=120)
+        assert out.returncode == 0 and not out.stderr.strip(), (fmt, out.stderr)
+        if fmt == "csv":
+            assert out.stdout.splitlines()[0] == header, out.stdout
