@@ -73,3 +73,19 @@ def test_people_s_tables_print_in_every_global_format(command, header, lake_dir)
         assert out.returncode == 0 and not out.stderr.strip(), (fmt, out.stderr)
         if fmt == "csv":
             assert out.stdout.splitlines()[0] == header, out.stdout
+
+
+def test_rows_print_as_the_frame_of_the_same_query_prints(lake_dir):
+    """A table printed from DuckDB's rows (`output="rows"`) reads as the one printed from the polars frame of the
+    same query: names, type names, values, caption; cut at the same row."""
+    from trajlake.core import display
+
+    sql = ("SELECT i AS n, i * 0.5 AS half, 'x' || i AS s, i % 2 = 0 AS even, [i, i + 1] AS l, {'a': i} AS st, "
+           "DATE '2026-01-01' + i::INT AS d, NULL::VARCHAR AS nothing FROM range(60) t(i)")
+    with Lake.open(str(lake_dir / "lake"), read_only=True) as lake:
+        frame = lake.query(sql)
+        rows = lake.query(sql, output="rows", max_rows=display.MAX_ROWS)
+    assert rows.height == frame.height == 60 and len(rows.rows) == display.MAX_ROWS
+    assert display.plain_text(rows) == display.plain_text(frame)
+    assert display.markdown_text(rows) == display.markdown_text(frame)
+    assert rows.types == tuple(display._type_name(t) for t in frame.dtypes)  # the table's header line
