@@ -24,6 +24,17 @@ SHARED = Path(__file__).resolve().parents[1].parent / "shared"
 SLOW_CATALOGS = ("sqlite", "postgres")
 
 
+def pytest_configure(config):
+    """In several xdist workers, one torch/OpenMP thread per worker, for the worker and every process it starts
+    (unless OMP_NUM_THREADS is set). A worker per core at a thread per core oversubscribes the cores, and
+    OpenMP's spinning threads then wait on each other: two SFT runs side by side on 2 cores took 121 s each at
+    2 threads and 13 s each at 1 (8 s alone at 2), which timed out the docs' tour in CI."""
+    if int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1")) > 1:
+        os.environ.setdefault("OMP_NUM_THREADS", "1")
+        if "torch" in sys.modules:
+            sys.modules["torch"].set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
+
+
 @pytest.hookimpl(tryfirst=True)  # before the -m selection reads the marks
 def pytest_collection_modifyitems(config, items):
     """A test's runs on the SQLite and PostgreSQL catalogs are slow-tier tests. The hostile suites

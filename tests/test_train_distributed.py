@@ -119,3 +119,19 @@ def test_the_loop_under_the_deepspeed_launcher(tmp_path_factory, tmp_path):
     assert (p.stdout + p.stderr).count(refusal) == 2, p.stdout[-3000:] + p.stderr[-3000:]  # one line per rank
     with Lake.open(str(lake)) as lk:
         assert (lk.snapshots().to_dicts(), lk.count("runs"), lk.count("train_steps")) == before
+
+
+def test_the_process_group_is_destroyed_before_the_interpreter_exits(tmp_path):
+    # an exit handler registered before the group exists runs after the trainer's own (atexit is last in, first
+    # out): it sees the group gone, so gloo's threads are not left to the interpreter's teardown to destroy
+    script = tmp_path / "leave.py"
+    script.write_text("\n".join([
+        "import atexit, torch.distributed as dist",
+        "from trajlake.train.distributed import init_distributed",
+        "atexit.register(lambda: print('group at exit:', dist.is_initialized(), flush=True))",
+        "print('ranks:', init_distributed(), 'group:', dist.is_initialized(), flush=True)",
+    ]))
+    p = subprocess.run([sys.executable, str(script)], cwd=ROOT, env=_env(), capture_output=True, text=True,
+                       timeout=300)
+    assert p.returncode == 0, p.stderr[-3000:]
+    assert "ranks: (0, 1) group: True" in p.stdout and "group at exit: False" in p.stdout, p.stdout

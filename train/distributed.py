@@ -11,6 +11,7 @@ Every helper works without a group too (one process: broadcast returns its argum
 
 from __future__ import annotations
 
+import atexit
 import os
 import socket
 from typing import Any
@@ -59,7 +60,19 @@ def init_distributed() -> tuple[int, int]:
                     os.environ.pop(k, None)
         else:
             start()
+        atexit.register(_leave_group)
     return dist.get_rank(), dist.get_world_size()
+
+
+def _leave_group() -> None:
+    """Destroy the process group before the interpreter exits. Left to the interpreter's teardown, gloo's
+    threads were sometimes destroyed still running, and the process aborted ("terminate called without an
+    active exception", SIGABRT) after its work was done: the launcher then killed the other ranks and the run
+    failed (seen with ZeRO-3 on two processes of a busy 2-core machine)."""
+    import torch.distributed as dist
+
+    if dist.is_initialized():
+        dist.destroy_process_group()
 
 
 def device() -> torch.device:
