@@ -135,9 +135,14 @@ def find(lake: Lake, run_id: str | None, config: Any, *, kinds: tuple[str, ...],
     if run is None:
         return None
     if run.kind not in kinds:
-        raise error(f"run {run_id} already exists as a {run.kind} run, not a {kinds[0]} run (use a new --run-id)")
+        raise error(f"run {run_id} already exists as {_a(run.kind)} run, not {_a(kinds[0])} run (use a new --run-id)")
     compare(run, config, error=error, **context)
     return run
+
+
+def _a(kind: str) -> str:
+    """A run kind with its article: "a collect", "an import"."""
+    return f"{'an' if kind[:1] in 'aeiou' else 'a'} {kind}"
 
 
 def begin(lake: Lake, run: Run, *, stage: str, message: str | None = None,

@@ -63,7 +63,8 @@ def _import_time_statements(body: list[ast.stmt]):
 def _imported(module: str, path: Path, modules: dict[str, Path]) -> set[str]:
     """The trajlake modules `module` imports at import time: each module named, a package only for names taken
     from its __init__ (`from trajlake.store import Lake`; `from trajlake.store import reads` takes a module),
-    and the packages around each module reached (their __init__ runs first), but not `module`'s own."""
+    and the packages around each module reached (their __init__ runs first), but not `module`'s own unless it
+    names one: a module taking names from its own package's __init__, which imports that module, is a circle."""
     is_package = path.name == "__init__.py"
     named: set[str] = set()
     for node in _import_time_statements(ast.parse(path.read_text(encoding="utf-8")).body):
@@ -80,10 +81,10 @@ def _imported(module: str, path: Path, modules: dict[str, Path]) -> set[str]:
         named |= submodules
         if len(submodules) < len(node.names):
             named.add(base)
-    own = set(_packages_around(module)) | {module}
+    around = set(_packages_around(module))
     out = set()
-    for name in named & modules.keys():
-        out |= {name, *_packages_around(name)} - own
+    for name in named & modules.keys():  # a package named outright counts, its own included (names from its __init__)
+        out |= ({name} - {module}) | (set(_packages_around(name)) - around - {module})
     return out
 
 
@@ -185,6 +186,20 @@ def test_the_cycle_finder_sees_a_circle():
     graph = {"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}
     assert _cycles(graph) == [["a", "b", "c", "a"]]
     assert _cycles({"a": {"b"}, "b": set()}) == []
+
+
+def test_a_module_importing_its_own_package_init_is_seen(tmp_path):
+    # what interop/importers had: the package's __init__ imports the importer, which takes shared names from that
+    # __init__ (read only because the __init__ imported it last)
+    (tmp_path / "__init__.py").write_text("from trajlake.pkg.importer import run\nSHARED = 1\n")
+    (tmp_path / "importer.py").write_text("from trajlake.pkg import SHARED\nfrom trajlake.pkg import other\n")
+    (tmp_path / "other.py").write_text("import json\n")
+    modules = {PACKAGE: ROOT / "__init__.py", "trajlake.pkg": tmp_path / "__init__.py",
+               "trajlake.pkg.importer": tmp_path / "importer.py", "trajlake.pkg.other": tmp_path / "other.py"}
+    graph = {m: _imported(m, p, modules) for m, p in modules.items()}
+    assert graph["trajlake.pkg.importer"] == {"trajlake.pkg", "trajlake.pkg.other"}
+    assert graph["trajlake.pkg.other"] == set()  # the packages around a module are not counted unless named
+    assert _cycles(graph) == [["trajlake.pkg", "trajlake.pkg.importer", "trajlake.pkg"]]
 
 
 def test_no_import_circle_among_the_modules():

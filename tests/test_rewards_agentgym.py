@@ -16,7 +16,7 @@ import pytest
 
 from tests.conftest import SHARED
 from trajlake.interop.importers import import_agentgym
-from trajlake.interop.importers.agentgym import parse_action
+from trajlake.interop.importers.agentgym_rows import parse_action
 from trajlake.lm.build import build_tiny_model
 from trajlake.rewards import SPECS_DIR, default_spec, load_spec, parse_spec
 from trajlake.rewards.score import score

@@ -2,123 +2,26 @@
 
 An importer reads every input file, validates and tokenizes every row, and only then writes, in chunks
 that each hold whole episodes with all their turns (one `Lake.append`, one snapshot each). So a bad file
-leaves the lake untouched, and re-importing the same data inserts nothing (ids are deterministic).
+leaves the lake untouched, and re-importing the same data inserts nothing (ids are deterministic). An import is
+a run of kind `import` whose identity is its `ImportConfig` (the files' contents, the tokenizer, policy, env and
+split): a run id already stored as another kind of run, or as an import of other files, is refused.
 
-This module holds what importers share: the result they return and finding their input files; reading record
-files (parquet, a JSON list, JSONL) one row at a time is records.py's, and the caps every row is held to (its
-size, a field's size, its nesting, finite numbers) limits.py's.
+What importers share is common.py's (the result, input files, progress); the identity of an import run
+config.py's; reading record files (parquet, a JSON list, JSONL) one row at a time records.py's; the caps every row
+is held to (its size, a field's size, its nesting, finite numbers) limits.py's. Each importer is a module of its
+own (agentgym.py) that imports these, never this package's `__init__`.
 """
 
 from __future__ import annotations
 
-import hashlib
-from collections.abc import Iterable
-from dataclasses import dataclass, field
-from os import PathLike
-from pathlib import Path
-from typing import Any
-
+from trajlake.interop.importers.agentgym import import_agentgym
+from trajlake.interop.importers.common import ImportResult, resolve_files, stored_episode_ids
+from trajlake.interop.importers.config import ImportConfig
 from trajlake.interop.importers.limits import MAX_DEPTH, Limits, TrajectoryImportError, check_depth, check_row
 from trajlake.interop.importers.records import SUFFIXES, iter_records, read_records, require_column
 
-
-@dataclass(frozen=True)
-class ImportResult:
-    """What an import did. `inserted`/`skipped` count rows per table over every append."""
-
-    run_id: str
-    files: tuple[str, ...]
-    episodes: int
-    turns: int
-    inserted: dict[str, int] = field(default_factory=dict)
-    skipped: dict[str, int] = field(default_factory=dict)
-    snapshots: tuple[int, ...] = ()
-    per_file: dict[str, dict[str, int]] = field(default_factory=dict)
-
-    @property
-    def episodes_inserted(self) -> int:
-        return self.inserted.get("episodes", 0)
-
-    @property
-    def episodes_skipped(self) -> int:
-        return self.skipped.get("episodes", 0)
-
-    @property
-    def turns_inserted(self) -> int:
-        return self.inserted.get("turns", 0)
-
-    def __str__(self) -> str:
-        """A few lines for people: what was stored, what was there already, and each file's share."""
-        snaps = (f"snapshot {self.snapshots[0]}" if len(self.snapshots) == 1 else
-                 f"snapshots {self.snapshots[0]}..{self.snapshots[-1]}" if self.snapshots else "no new snapshot")
-        lines = [f"run {self.run_id}: imported {self.episodes_inserted} episodes ({self.turns_inserted} turns) from "
-                 f"{len(self.files)} file{'s' * (len(self.files) != 1)}, {snaps}"]
-        if self.episodes_skipped:
-            lines.append(f"  {self.episodes_skipped} episodes were stored already (skipped)")
-        for path, counts in self.per_file.items():
-            lines.append(f"  {path}: {counts.get('episodes', 0)} episodes, {counts.get('turns', 0)} turns")
-        return "\n".join(lines)
-
-
-def resolve_files(paths: str | PathLike | Iterable[str | PathLike]) -> list[Path]:
-    """Input files, in order: a folder stands for its supported files (recursively, sorted)."""
-    if isinstance(paths, (str, PathLike)):
-        paths = [paths]
-    out: list[Path] = []
-    for p in map(Path, paths):
-        if p.is_dir():
-            found = sorted(f for f in p.rglob("*") if f.is_file() and f.suffix.lower() in SUFFIXES)
-            if not found:
-                raise TrajectoryImportError(f"{p}: folder holds no {'/'.join(SUFFIXES)} files")
-            out += found
-        elif not p.exists():
-            raise TrajectoryImportError(f"{p}: no such file")
-        elif p.suffix.lower() not in SUFFIXES:
-            raise TrajectoryImportError(
-                f"{p}: unsupported file type {p.suffix or '(none)'!r}; use {', '.join(SUFFIXES)}"
-            )
-        else:
-            out.append(p)
-    if not out:
-        raise TrajectoryImportError("no input files given")
-    if len(set(out)) != len(out):
-        raise TrajectoryImportError("an input file is given twice")
-    return out
-
-
-def file_sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
-
-
-def stored_episode_ids(lake: Any, ids: list[str]) -> set[str]:
-    """Which of `ids` the lake already holds as episodes."""
-    if not ids:
-        return set()
-    found = lake.query("SELECT episode_id FROM episodes WHERE episode_id IN (SELECT unnest(?::VARCHAR[]))", [ids])
-    return set(found["episode_id"].to_list())
-
-
-def progress_bar(what: str, total: int, enabled: bool):
-    """An import stage's progress on stderr, as a context manager (core/progress.py: a live bar on a terminal,
-    elsewhere a plain line every 10 seconds and the last; disabled: silent)."""
-    from trajlake.core.progress import StepProgress
-
-    return StepProgress("import", what, total, enabled=enabled, interval=10.0)
-
-
-def kind_name(v: Any) -> str:
-    """A value's type for error messages ("null" for None)."""
-    return "null" if v is None else type(v).__name__
-
-
-from trajlake.interop.importers.agentgym import import_agentgym  # noqa: E402  (needs the names above)
-
 __all__ = [
-    "MAX_DEPTH", "SUFFIXES", "ImportResult", "Limits", "TrajectoryImportError", "check_depth", "check_row",
-    "import_agentgym", "iter_records", "progress_bar", "read_records", "require_column", "resolve_files",
+    "MAX_DEPTH", "SUFFIXES", "ImportConfig", "ImportResult", "Limits", "TrajectoryImportError", "check_depth",
+    "check_row", "import_agentgym", "iter_records", "read_records", "require_column", "resolve_files",
     "stored_episode_ids",
 ]

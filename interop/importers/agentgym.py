@@ -1,38 +1,22 @@
 """Import OpenManus-RL / AgentGym trajectory files (parquet, JSON list, JSONL) into the store.
 
-Each row is one episode: ``conversations`` is a list of ``{from, value, loss}`` messages, ``from`` being
-human/user, gpt/assistant or system. Mapping decisions:
+How a row becomes a task, an episode and its turns is agentgym_rows.py's. An import runs in stages, so that a bad
+file, a refused run id or a template error leaves the lake as it was: the input files found and hashed; the run's
+identity (its `ImportConfig`) checked against a run stored under that id; every row of every file read, held to
+the caps and parsed; the episodes not stored yet tokenized; then written in chunks of whole episodes, one snapshot
+each, inside the run's lease; and the run marked finished.
 
-* Agent turns: if any gpt message of the row has ``loss: true``, exactly those are agent turns (the row
-  selects its training targets explicitly, so unmarked replies are context). Otherwise every gpt message
-  except ``loss: false`` ones is an agent turn. Non-agent gpt messages (the "OK. I'll follow your
-  instructions" acknowledgement) are rendered as assistant messages inside the next turn's prompt ids.
-* A turn: ``observation`` = the human/system texts since the previous agent turn (joined by a blank line),
-  ``action_text`` = the reply, ``action`` = its parsed action (``<action>..</action>``/``<act>..</act>``,
-  else the text after the last ``Action:``), ``format_ok`` = whether one was found, token ids as in
-  `trajlake.collect.chat`, ``response_logprobs`` null (unknown for imported data), ``done`` on the last
-  turn. Messages after the last agent turn are kept in that turn's ``info.after_last_turn``.
-* Episode: env = the ``env`` argument, else ``data_source``, else the ``item_id`` prefix
-  (``textcraft_31`` -> ``textcraft``); task_id = ``SPLIT/ITEM`` with ITEM the ``item_id`` (else a hash of
-  the first observation): ``train/textcraft_31``, so that files of two splits sharing item ids keep their own;
-  success = ``success`` if given, else ``reward``/``score`` > 0, else null; status "ok".
-* Task (first row of an item wins): instruction = the first turn's observation (the first human message
-  alone is often a generic preamble: the goal comes later), ground_truth = ``reward_model.ground_truth``
-  (parsed when it is JSON text), split = the ``split`` argument, else ``extra_info.split`` unless it just
-  repeats the env name (as in OpenManus-RL's files), else the file name (``train.parquet`` -> train).
-* Ids are deterministic: episode_id = uuid5(file sha256, row index, tokenizer fingerprint), and the default
-  run_id hashes the files and tokenizer, so importing the same files again inserts nothing. The
-  tokenizer is part of the id because the stored token ids depend on it.
+Ids are deterministic: episode_id = uuid5(file sha256, row index, tokenizer fingerprint), and the default run_id
+hashes the files and tokenizer, so importing the same files again inserts nothing, and an interrupted import
+resumes where it stopped. The tokenizer is part of the ids because the stored token ids depend on it.
 """
 
 from __future__ import annotations
 
 import contextlib
-import hashlib
+import dataclasses
 import json
-import re
-import uuid
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable
 from os import PathLike
 from pathlib import Path
 from typing import Any
@@ -44,40 +28,23 @@ from trajlake.collect.chat import ChatRenderer, tokenizer_fingerprint
 from trajlake.core.clock import utc_now
 from trajlake.core.errors import TrajlakeError
 from trajlake.core.ids import InvalidIdError, check_id
-from trajlake.interop.importers import (
-    SUFFIXES,
+from trajlake.interop.importers.agentgym_rows import parse_row
+from trajlake.interop.importers.common import (
     ImportResult,
-    Limits,
-    TrajectoryImportError,
-    check_row,
     file_sha256,
-    iter_records,
-    kind_name,
     progress_bar,
-    require_column,
     resolve_files,
     stored_episode_ids,
 )
+from trajlake.interop.importers.config import ImportConfig
+from trajlake.interop.importers.limits import Limits, TrajectoryImportError
+from trajlake.interop.importers.records import SUFFIXES, iter_records, require_column
 from trajlake.lm.load import load_tokenizer
-from trajlake.schemas.records import Episode, Policy, Run, Task
+from trajlake.schemas.records import Episode, Policy, Run
 from trajlake.store import lease as run_lease
 from trajlake.store import runs
 
-ROLES = {"human": "user", "user": "user", "gpt": "assistant", "assistant": "assistant", "system": "system"}
-NAMESPACE = uuid.uuid5(uuid.NAMESPACE_URL, "trajlake/import/agentgym")
-_TAG = re.compile(r"<(action|act)>(.*?)</\1>", re.S)
-_REACT = re.compile(r"Action\s*:")
 _TOKENIZE_BATCH = 64  # rows per tokenizer call: big enough to batch, small enough for a live progress bar
-
-
-def parse_action(text: str) -> str | None:
-    """The action of an agent reply: the last ``<action>``/``<act>`` tag, else what follows the last
-    ``Action:`` (AgentGym's ReAct format); None when there is none (a format error)."""
-    tags = _TAG.findall(text)
-    if tags:
-        return tags[-1][1].strip() or None
-    marks = list(_REACT.finditer(text))
-    return (text[marks[-1].end():].strip() or None) if marks else None
 
 
 def check_labels(*, run_id: str | None, env: str | None, split: str | None, what: str = "{}") -> None:
@@ -104,25 +71,60 @@ def import_agentgym(
     progress: bool = True,
     limits: Limits = Limits(),
 ) -> ImportResult:
-    """Import AgentGym-format trajectory files into `lake`; see the module docstring for the mapping.
+    """Import AgentGym-format trajectory files into `lake` as the run `run_id` (default: a hash of the files,
+    tokenizer, policy, env and split); see the module docstring for the stages.
 
-    `tokenizer_path` is a local tokenizer folder (or hub name, or a loaded tokenizer). Every file is read,
-    validated and tokenized before the first write, so a bad file raises `TrajectoryImportError` (naming
-    the file, row and field) with the lake unchanged. Each chunk of `chunk_size` episodes is written
-    with its turns and tasks in one snapshot; the first chunk also carries the run ("running") and the
-    policy, and the run is marked "finished" at the end. Episodes already stored are skipped before
-    tokenizing, so an interrupted import resumes where it stopped and a repeated one writes nothing.
-    Files are read one row at a time, each row held to `limits` (its size, a text's size, its nesting, finite
-    numbers: interop/importers/limits.py) before it is parsed. Returns counts of inserted and skipped rows per
-    table.
+    `tokenizer_path` is a local tokenizer folder (or a loaded tokenizer). Every file is read, validated and
+    tokenized before the first write, so a bad file raises `TrajectoryImportError` (naming the file, row and
+    field) with the lake unchanged; so does a `run_id` stored as another kind of run or as an import of other
+    files. Each chunk of `chunk_size` episodes is written with its turns and tasks in one snapshot; the first
+    chunk also carries the run ("running") and the policy, and the run is marked "finished" at the end.
+    Episodes already stored are skipped before tokenizing. Rows are held to `limits` (interop/importers/
+    limits.py) as they are read. Returns counts of inserted and skipped rows per table.
     """
     if chunk_size < 1:
         raise TrajectoryImportError(f"chunk_size must be at least 1, got {chunk_size}")
     check_labels(run_id=run_id, env=env, split=split)
     files = resolve_files(paths)
-    tokenizer, tok_name = tokenizer_path, str(getattr(tokenizer_path, "name_or_path", type(tokenizer_path).__name__))
-    if isinstance(tokenizer_path, (str, PathLike)):  # a folder (else a loaded tokenizer)
-        tok_name = str(tokenizer_path)
+    renderer, tok_name, tok_fp = _renderer(tokenizer_path)
+    shas = _hash_files(files)
+    config = ImportConfig("agentgym", files=tuple({"path": str(p.resolve()), "sha256": s} for p, s in
+                                                  zip(files, shas, strict=True)),
+                          tokenizer_fingerprint=tok_fp, policy_id=policy_id, env=env, split=split,
+                          tokenizer=tok_name, chunk_size=chunk_size)
+    if run_id is None:
+        run_id = runs.hashed_run_id("import-agentgym-", [sorted(shas), tok_fp, policy_id, env, split], 16)
+    run_lease.check(lake, run_id)  # another live process importing this run: refused before any row is read
+    stored = runs.find(lake, run_id, config, kinds=("import",), error=TrajectoryImportError)
+    episodes, per_file = _read(files, shas, tok_fp, env, split, limits)
+    config = dataclasses.replace(config, files=tuple({**f, "rows": per_file[p]["episodes"]}
+                                                     for f, p in zip(config.files, per_file, strict=True)))
+    new, old = _not_stored(lake, episodes)
+    written = _Written(skipped={"episodes": len(old), "turns": sum(len(e["turns"]) for e in old)})
+    # The lease before tokenizing and writing, once every row was validated (a refused file leaves the lake as it
+    # was, lease rows included). An import with nothing to write (every episode stored, its run finished or never
+    # begun) takes none.
+    idle = not new and (stored is None or stored.status == "finished")
+    with contextlib.nullcontext() if idle else run_lease.acquire(lake, run_id, "import"):
+        _tokenize_all(renderer, new, progress)
+        _write(lake, Run(run_id, "import", config=dataclasses.asdict(config), status="running",
+                         started_at=utc_now()), new, written, progress)
+        ended = runs.stored(lake, run_id)
+        if ended is not None and ended.status != "finished":  # a new run, or one an interrupted import left running
+            written.add_snapshot(runs.finish(lake, run_id, stage="import"))
+    return ImportResult(
+        run_id=run_id, files=tuple(str(p) for p in files), episodes=len(episodes),
+        turns=sum(len(e["turns"]) for e in episodes), inserted=written.inserted, skipped=written.skipped,
+        snapshots=tuple(written.snapshots), per_file=per_file,
+    )
+
+
+def _renderer(tokenizer_path: Any) -> tuple[ChatRenderer, str, str]:
+    """(the chat renderer, the tokenizer's name as stored, its fingerprint) for a tokenizer folder or a loaded
+    tokenizer."""
+    tokenizer, name = tokenizer_path, str(getattr(tokenizer_path, "name_or_path", type(tokenizer_path).__name__))
+    if isinstance(tokenizer_path, (str, PathLike)):
+        name = str(tokenizer_path)
         try:
             tokenizer = load_tokenizer(tokenizer_path)
         except TrajlakeError as e:
@@ -130,188 +132,96 @@ def import_agentgym(
     try:
         renderer = ChatRenderer(tokenizer)
     except TrajlakeError as e:
-        raise TrajectoryImportError(f"tokenizer {tok_name}: {e}") from None
-    tok_fp = tokenizer_fingerprint(tokenizer)
-    for f in files:  # a parquet file without conversations is refused from its schema, before any file is read
-        if SUFFIXES[f.suffix.lower()] == "parquet":
-            require_column(f, "conversations")
-    shas = [file_sha256(f) for f in files]
-    if run_id is None:
-        run_id = runs.hashed_run_id("import-agentgym-", [sorted(shas), tok_fp, policy_id, env, split], 16)
+        raise TrajectoryImportError(f"tokenizer {name}: {e}") from None
+    return renderer, name, tokenizer_fingerprint(tokenizer)
 
-    run_lease.check(lake, run_id)  # another live process importing this run: refused before any row is read
-    # Parse and validate every row of every file before anything else: one bad row refuses the import. Rows are
-    # read one at a time and only their parsed form is kept.
-    episodes: list[dict] = []
-    per_file: dict[str, dict[str, int]] = {}
-    for path, sha in zip(files, shas, strict=True):
-        parsed = [_parse_row(row, path, sha, i, tok_fp, env, split, limits) for i, _, row in iter_records(path, limits)]
-        per_file[str(path)] = {"episodes": len(parsed), "turns": sum(len(e["turns"]) for e in parsed)}
-        episodes += parsed
-    # Episodes already stored (an earlier or interrupted import, or a copy of a file given twice) need
-    # no tokens: chunks are atomic, so a stored episode has all its turns.
+
+def _not_stored(lake: Any, episodes: list[dict]) -> tuple[list[dict], list[dict]]:
+    """(the episodes to write, those stored already). A stored episode (an earlier or interrupted import, or a
+    copy of a file given twice) needs no tokens: chunks are atomic, so it has all its turns."""
     seen = stored_episode_ids(lake, [e["id"] for e in episodes])
     new, old = [], []
     for e in episodes:
         (old if e["id"] in seen else new).append(e)
         seen.add(e["id"])
-    inserted = dict.fromkeys(("runs", "policies", "tasks", "episodes", "turns"), 0)
-    skipped = {**inserted, "episodes": len(old), "turns": sum(len(e["turns"]) for e in old)}
-    snapshots: list[int] = []
-    # The run's lease (store/lease.py) before tokenizing and writing, once every row was validated (a refused file
-    # leaves the lake as it was, lease rows included): one live process per run id. An import with nothing to
-    # write (every episode stored, its run finished or never begun) takes none.
-    stored = runs.stored(lake, run_id)
-    idle = not new and (stored is None or stored.status == "finished")
-    with contextlib.nullcontext() if idle else run_lease.acquire(lake, run_id, "import"):
-        with progress_bar("tokenizing", len(new), progress) as bar:
-            for start in range(0, len(new), _TOKENIZE_BATCH):  # template errors surface here, still unwritten
-                _tokenize(renderer, new[start:start + _TOKENIZE_BATCH])
-                bar.update(advance=len(new[start:start + _TOKENIZE_BATCH]))
-        with progress_bar("writing", len(new), progress) as bar:
-            now = utc_now()
-            config = {
-                "importer": "agentgym", "tokenizer": tok_name, "tokenizer_fingerprint": tok_fp,
-                "files": [{"path": str(p.resolve()), "sha256": s, "rows": per_file[str(p)]["episodes"]}
-                          for p, s in zip(files, shas, strict=True)],
-                "env": env, "split": split, "policy_id": policy_id, "chunk_size": chunk_size,
-            }
-            run = Run(run_id, "import", config=config, status="running", started_at=now)
-            policy = Policy(policy_id, run_id=run_id, created_at=now)
-            chunks = [new[i:i + chunk_size] for i in range(0, len(new), chunk_size)]
-            tasks_seen: set[str] = set()
-            for n, chunk in enumerate(chunks):
-                data: dict[str, Any] = {"policies": [policy]} if n == 0 else {}
-                tasks = {}
-                for e in chunk:  # the first row of an item gives its task row
-                    if e["task"].task_id not in tasks_seen:
-                        tasks.setdefault(e["task"].task_id, e["task"])
-                tasks_seen.update(tasks)
-                if tasks:
-                    data["tasks"] = list(tasks.values())
-                data["episodes"] = [Episode(**e["episode"], run_id=run_id, policy_id=policy_id) for e in chunk]
-                data["turns"] = _turns_table(chunk)
-                message = f"import: agentgym chunk {n + 1}/{len(chunks)} ({len(chunk)} episodes) run {run_id}"
-                if n == 0:  # the run row with the first chunk, so no episode is visible before its run and policy
-                    res = runs.begin(lake, run, stage="import", message=message, rows=data)
-                else:
-                    res = lake.append(data, stage="import", run_id=run_id, message=message)
-                for total, counts in ((inserted, res.inserted), (skipped, res.skipped)):
-                    for name, k in counts.items():
-                        total[name] = total.get(name, 0) + k
-                if res.snapshot_id is not None:
-                    snapshots.append(res.snapshot_id)
-                bar.update(advance=len(chunk))
-
-        stored = runs.stored(lake, run_id)
-        if stored is not None and stored.status != "finished":  # a new run, or one an interrupted import left running
-            snap = runs.finish(lake, run_id, stage="import")
-            if snap is not None:
-                snapshots.append(snap)
-    return ImportResult(
-        run_id=run_id, files=tuple(str(p) for p in files), episodes=len(episodes),
-        turns=sum(len(e["turns"]) for e in episodes), inserted=inserted, skipped=skipped,
-        snapshots=tuple(snapshots), per_file=per_file,
-    )
+    return new, old
 
 
-def _messages(row: Mapping, where: str, limits: Limits) -> tuple[list[dict], list[bool]]:
-    """A row's conversation as chat messages, and which of them are agent turns (validated)."""
-    if "conversations" not in row:
-        raise TrajectoryImportError(f"{where}: no `conversations` field (fields: {', '.join(map(str, row)) or 'none'})")
-    conv = row["conversations"]
-    if isinstance(conv, str):  # some exports keep the conversation as JSON text (at most the field cap long)
-        try:
-            conv = json.loads(conv)
-        except json.JSONDecodeError:
-            raise TrajectoryImportError(f"{where}: `conversations` is text but not JSON") from None
-        except RecursionError:
-            raise TrajectoryImportError(f"{where}: `conversations` is JSON text nested too deeply") from None
-        except ValueError as e:  # an integer of over 4300 digits
-            raise TrajectoryImportError(f"{where}: `conversations` is JSON text with an unreadable number ({e})") \
-                from None
-        check_row(conv, f"{where}: the JSON text of `conversations`", limits)
-    if not isinstance(conv, list) or not conv:
-        raise TrajectoryImportError(f"{where}: `conversations` must be a non-empty list, got {kind_name(conv)}")
-    messages, losses = [], []
-    for j, m in enumerate(conv):
-        if not isinstance(m, Mapping):
-            raise TrajectoryImportError(f"{where} message {j}: expected an object, got {kind_name(m)}")
-        frm, value = m.get("from", m.get("role")), m.get("value", m.get("content"))
-        if frm is None:
-            raise TrajectoryImportError(f"{where} message {j}: no `from` (the speaker)")
-        if not isinstance(value, str):
-            raise TrajectoryImportError(f"{where} message {j}: no `value` text (got {kind_name(value)})")
-        role = ROLES.get(str(frm).lower())
-        if role is None:
-            raise TrajectoryImportError(f"{where} message {j}: unknown role {frm!r}; known: {', '.join(ROLES)}")
-        loss = m.get("loss")
-        if loss is not None and not isinstance(loss, bool):
-            raise TrajectoryImportError(f"{where} message {j}: `loss` must be true, false or null, got {loss!r}")
-        messages.append({"role": role, "content": value})
-        losses.append(loss)
-    replies = [(m["role"] == "assistant", loss) for m, loss in zip(messages, losses, strict=True)]
-    explicit = any(is_reply and loss is True for is_reply, loss in replies)
-    agent = [is_reply and (loss is True if explicit else loss is not False) for is_reply, loss in replies]
-    if not any(agent):
-        raise TrajectoryImportError(f"{where}: no agent turn (no gpt message with loss true or null)")
-    if agent[0]:
-        raise TrajectoryImportError(f"{where}: starts with an agent message; a turn needs an observation first")
-    return messages, agent
+def _hash_files(files: list[Path]) -> list[str]:
+    """Each file's sha256; a parquet file without conversations is refused from its schema first, before any
+    file is read."""
+    for f in files:
+        if SUFFIXES[f.suffix.lower()] == "parquet":
+            require_column(f, "conversations")
+    return [file_sha256(f) for f in files]
 
 
-def _parse_row(row: Mapping, path: Path, sha: str, index: int, tok_fp: str, env_arg, split_arg,
-               limits: Limits) -> dict:
-    """Validate one row (already held to `limits` as read) and map it to its task, episode and turns (token ids
-    come later)."""
-    where = f"{path} row {index}"
-    messages, agent = _messages(row, where, limits)
-    item_id = row.get("item_id")
-    env = env_arg or row.get("data_source") or (_item_prefix(item_id) if item_id else None)
-    if not env:
-        raise TrajectoryImportError(f"{where}: no `data_source` or `item_id` to tell the env; pass env=")
-    turns, obs = [], []
-    for j, (m, is_agent) in enumerate(zip(messages, agent, strict=True)):
-        if not is_agent:
-            if m["role"] != "assistant":  # context replies are in the prompt ids, not the observation text
-                obs.append(m["content"])
-            continue
-        action = parse_action(m["content"])
-        info: dict[str, Any] = {"message_index": j}
-        if not turns:  # where the episode came from, once per episode
-            info.update(source_file=path.name, source_row=index, item_id=item_id)
-        turns.append({"observation": "\n\n".join(obs), "action_text": m["content"], "action": action,
-                      "format_ok": action is not None, "info": info})
-        obs = []
-    last = max(j for j, a in enumerate(agent) if a)
-    if last + 1 < len(messages):  # the env's last words: no reply followed, so no turn holds them
-        turns[-1]["info"]["after_last_turn"] = messages[last + 1:]
+def _read(files: list[Path], shas: list[str], tok_fp: str, env: str | None, split: str | None,
+          limits: Limits) -> tuple[list[dict], dict[str, dict[str, int]]]:
+    """Every row of every file parsed and validated (one bad row refuses the import), and each file's counts.
+    Rows are read one at a time and only their parsed form is kept."""
+    episodes: list[dict] = []
+    per_file: dict[str, dict[str, int]] = {}
+    for path, sha in zip(files, shas, strict=True):
+        parsed = [parse_row(row, path, sha, i, tok_fp, env, split, limits) for i, _, row in iter_records(path, limits)]
+        per_file[str(path)] = {"episodes": len(parsed), "turns": sum(len(e["turns"]) for e in parsed)}
+        episodes += parsed
+    return episodes, per_file
 
-    first_obs = turns[0]["observation"]
-    extra = row.get("extra_info") if isinstance(row.get("extra_info"), Mapping) else {}
-    split = extra.get("split")
-    if not isinstance(split, str) or split in (env, row.get("data_source")):  # OpenManus-RL's: the env name
-        split = None
-    split = split_arg or split or path.stem
-    # the split is part of the id: OpenManus-RL's babyai val and train files share item ids, and a task row
-    # (its split) is written once, so the file imported first would otherwise decide the other's split
-    item = str(item_id) if item_id else f"{env}_{hashlib.sha256(first_obs.encode()).hexdigest()[:12]}"
-    task_id = f"{split}/{item}"
-    rm = row.get("reward_model") if isinstance(row.get("reward_model"), Mapping) else {}
-    ground_truth = _maybe_json(rm.get("ground_truth"))
-    check_row(ground_truth, f"{where}: `reward_model.ground_truth`", limits)
-    meta = {"data_source": row.get("data_source"), "item_id": item_id, "ability": row.get("ability"),
-            "reward_style": rm.get("style"), "index": extra.get("index"), "prompt": row.get("prompt")}
-    meta = {k: v for k, v in meta.items() if v is not None}
-    reward, success = _outcome(row, where)
-    episode_id = str(uuid.uuid5(NAMESPACE, f"{sha}/{index}/{tok_fp}"))
-    return {
-        "id": episode_id, "messages": messages, "agent": agent, "turns": turns, "where": where,
-        "task": Task(task_id, env, split=split, instruction=first_obs,
-                     ground_truth=ground_truth, meta=meta or None),
-        "episode": dict(episode_id=episode_id, task_id=task_id, env=env, status="ok", success=success,
-                        env_reward=reward, num_turns=len(turns)),
-    }
+
+@dataclasses.dataclass
+class _Written:
+    """What the writes of an import added up to: rows inserted and skipped per table, and the snapshots made."""
+
+    inserted: dict[str, int] = dataclasses.field(
+        default_factory=lambda: dict.fromkeys(("runs", "policies", "tasks", "episodes", "turns"), 0))
+    skipped: dict[str, int] = dataclasses.field(default_factory=dict)
+    snapshots: list[int] = dataclasses.field(default_factory=list)
+
+    def add(self, result: Any) -> None:
+        for total, counts in ((self.inserted, result.inserted), (self.skipped, result.skipped)):
+            for name, k in counts.items():
+                total[name] = total.get(name, 0) + k
+        self.add_snapshot(result.snapshot_id)
+
+    def add_snapshot(self, snapshot: int | None) -> None:
+        if snapshot is not None:
+            self.snapshots.append(snapshot)
+
+
+def _tokenize_all(renderer: ChatRenderer, episodes: list[dict], progress: bool) -> None:
+    """Token ids for every episode, a batch at a time (template errors surface here, still unwritten)."""
+    with progress_bar("tokenizing", len(episodes), progress) as bar:
+        for start in range(0, len(episodes), _TOKENIZE_BATCH):
+            _tokenize(renderer, episodes[start:start + _TOKENIZE_BATCH])
+            bar.update(advance=len(episodes[start:start + _TOKENIZE_BATCH]))
+
+
+def _write(lake: Any, run: Run, episodes: list[dict], written: _Written, progress: bool) -> None:
+    """The episodes in chunks of whole episodes, one snapshot each: the first chunk carries the run and its
+    policy, so that no episode is visible before them; a task row comes with the first episode of its task."""
+    chunk_size, policy_id = run.config["chunk_size"], run.config["policy_id"]
+    policy = Policy(policy_id, run_id=run.run_id, created_at=run.started_at)
+    chunks = [episodes[i:i + chunk_size] for i in range(0, len(episodes), chunk_size)]
+    tasks_seen: set[str] = set()
+    with progress_bar("writing", len(episodes), progress) as bar:
+        for n, chunk in enumerate(chunks):
+            data: dict[str, Any] = {"policies": [policy]} if n == 0 else {}
+            tasks = {}
+            for e in chunk:
+                if e["task"].task_id not in tasks_seen:
+                    tasks.setdefault(e["task"].task_id, e["task"])
+            tasks_seen.update(tasks)
+            if tasks:
+                data["tasks"] = list(tasks.values())
+            data["episodes"] = [Episode(**e["episode"], run_id=run.run_id, policy_id=policy_id) for e in chunk]
+            data["turns"] = _turns_table(chunk)
+            message = f"import: agentgym chunk {n + 1}/{len(chunks)} ({len(chunk)} episodes) run {run.run_id}"
+            if n == 0:
+                written.add(runs.begin(lake, run, stage="import", message=message, rows=data))
+            else:
+                written.add(lake.append(data, stage="import", run_id=run.run_id, message=message))
+            bar.update(advance=len(chunk))
 
 
 def _tokenize(renderer: ChatRenderer, batch: list[dict]) -> None:
@@ -356,28 +266,3 @@ def _turns_table(chunk: list[dict]) -> pa.Table:
     })
 
 
-def _outcome(row: Mapping, where: str) -> tuple[float | None, bool | None]:
-    reward = next((row[k] for k in ("reward", "score") if row.get(k) is not None), None)
-    if reward is not None and (isinstance(reward, bool) or not isinstance(reward, (int, float))):
-        raise TrajectoryImportError(f"{where}: `reward`/`score` must be a number, got {reward!r}")
-    success = row.get("success")
-    if success is not None and not isinstance(success, bool) and success not in (0, 1):
-        raise TrajectoryImportError(f"{where}: `success` must be a boolean, got {success!r}")
-    if success is None and reward is not None:
-        success = reward > 0
-    return (None if reward is None else float(reward)), (None if success is None else bool(success))
-
-
-def _item_prefix(item_id: Any) -> str:
-    """``textcraft_31`` -> ``textcraft``; an id without a numeric suffix is its own prefix."""
-    head, _, tail = str(item_id).rpartition("_")
-    return head if head and tail.isdigit() else str(item_id)
-
-
-def _maybe_json(v: Any) -> Any:
-    if isinstance(v, str):
-        try:
-            return json.loads(v)
-        except (ValueError, RecursionError):  # not JSON (or too deep or a number too long to read): kept as text
-            return v
-    return v
