@@ -29,6 +29,7 @@ from trajlake.schemas import Episode, Run, Task, Turn
 from trajlake.schemas import Policy as PolicyRow
 from trajlake.store import Lake, runs
 from trajlake.store import lease as run_lease
+from trajlake.store.reads import RunErrors, run_errors
 
 _IDS = uuid.UUID("5b0c1f4e-2a8e-4d67-9a39-7f1f2b7f0c11")  # namespace of episode ids
 
@@ -46,24 +47,6 @@ def episode_id(run_id: str, task_id: str, sample: int, attempt: int = 0) -> str:
     return str(uuid.uuid5(_IDS, key))
 
 
-#: per (task, sample) of a run: whether any of its episodes ended without an env error (ok or truncated)
-PAIRS_SQL = """
-SELECT count(*) AS pairs, count(*) FILTER (WHERE NOT played) AS errored,
-       min(last_error) FILTER (WHERE NOT played) AS example
-FROM (SELECT task_id, sample_index, bool_or(status IS DISTINCT FROM 'error') AS played, max(error) AS last_error
-      FROM episodes WHERE run_id = ? GROUP BY task_id, sample_index)
-"""
-
-
-@dataclass(frozen=True)
-class RunErrors:
-    """A run's (task, sample) pairs, how many of them have only env-error episodes (to retry), and one error."""
-
-    pairs: int
-    errored: int
-    example: str | None = None
-
-
 class EnvErrorsOnly(TrajlakeError):
     """Every (task, sample) of a collect run ended in an env error (the run is stored as failed): nothing was
     played that says anything about the policy. `what` says so without the advice the message ends with."""
@@ -73,14 +56,6 @@ class EnvErrorsOnly(TrajlakeError):
         self.what = f"all {errors.pairs} episodes ended with an env error (e.g. {errors.example})"
         super().__init__(f"collect run {run_id} failed: {self.what}; the run is marked failed: re-run with "
                          f"--run-id {run_id} once the env works")
-
-
-def run_errors(lake: Lake, run_id: str) -> RunErrors:
-    row = lake.query(PAIRS_SQL, [run_id]).row(0, named=True)
-    example = row["example"]
-    if example is not None and len(example) > 200:
-        example = example[:197] + "..."
-    return RunErrors(int(row["pairs"] or 0), int(row["errored"] or 0), example)
 
 
 def stored_run(lake: Lake, config: CollectConfig, system_prompt: str | None = None) -> runs.StoredRun | None:

@@ -19,12 +19,13 @@ from tests.helpers import assert_episodes_whole, cfg, episodes_of
 from trajlake.collect.config import CollectConfig
 from trajlake.collect.envs import make_env
 from trajlake.collect.policies.scripted import ScriptedPolicy
-from trajlake.collect.rollout import RunErrors, collect, episode_id, run_errors
+from trajlake.collect.rollout import collect, episode_id
 from trajlake.collect.summary import run_summary
 from trajlake.collect.templates import get_template
 from trajlake.core.errors import TrajlakeError
 from trajlake.lm.load import load_tokenizer
 from trajlake.store import Lake
+from trajlake.store.reads import RunErrors, run_errors
 
 # ---- resume after SIGKILL ---------------------------------------------------------------------------
 CHILD = textwrap.dedent("""
