@@ -16,7 +16,7 @@ SMOLLM2 ?= models/smollm2
 TEXTCRAFT_SERVER ?= ../shared/agentgym/agentenv-textcraft
 
 .PHONY: setup setup-agentgym setup-smollm2 setup-vllm test test-slow test-vllm test-all demo demo-smollm2 agentgym-pipeline \
-	agentgym-pipeline-smollm2 agentgym-learning rescore collect rewards train train-warmstart envs sql snapshots maintain bench setup-bench lint docs clean
+	agentgym-pipeline-smollm2 agentgym-learning rescore collect rewards train train-warmstart envs sql snapshots maintain bench bench-scale setup-bench lint docs clean
 
 setup: $(STAMP)
 
@@ -178,6 +178,11 @@ maintain: setup
 BENCH_ARGS ?=
 bench: setup-bench
 	$(PY) bench/suite.py --out reports/bench $(BENCH_ARGS)
+
+# Cost curves (bench/scale.py): every store operation on lakes of 100k, 1M and 10M turns, each in a process of its
+# own; the table, bench/scale/scale.json and scale.svg (bench/README.md shows them). About 15 minutes on 2 cores.
+bench-scale: setup
+	$(PY) bench/scale.py --out bench/scale $(BENCH_ARGS)
 
 setup-bench: setup
 	$(PY) -c "import trl" 2>/dev/null || $(PY) -m pip install -q -e '.[dev,envs,docs,bench]'

@@ -55,6 +55,7 @@ def benches(with_vllm: bool = False) -> list[Bench]:
         Bench("store", ("--quick",)),
         Bench("viewer", ("--quick",)),
         Bench("cli", ()),
+        Bench("scale", ("--quick", "--out", "reports/bench/scale")),
     ]
     if with_vllm:
         suite.append(Bench("collect", ("--model", str(SMOLLM2), "--threads", "0", "--episodes", "16",

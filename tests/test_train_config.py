@@ -27,6 +27,8 @@ def test_defaults_are_valid():
     (dict(advantage="gae"), ["needs a critic", "ppo"]),
     (dict(samples=1), ["samples must be >= 2"]),
     (dict(kl_controller="adaptive", kl_coef=0.1), ["kl_target", "kl_horizon"]),
+    (dict(kl_controller="adaptive", kl_coef=0.0, kl_target=0.01, kl_horizon=100), ["starting kl_coef > 0"]),
+    (dict(policy_loss="dual_clip", clip_c=1.0), ["dual_clip needs clip_c > 1, got 1.0"]),
     (dict(policy_loss="nope"), ["policy_loss", "ppo_clip", "gspo"]),
     (dict(agg_mode="mean"), ["agg_mode", "token-mean"]),
     (dict(kl_estimator="k9"), ["k3"]),
@@ -48,6 +50,34 @@ def test_cross_field_errors_say_what_to_fix(kw, words):
         TrainConfig(model="m", **kw)
     for w in words:
         assert w in str(e.value)
+
+
+def test_a_registered_entrys_own_rule_is_checked_without_the_config_check_naming_it():
+    """A new loss or KL controller brings its constraints with it: one registration, and the config check asks
+    the entry (`config_problem`), as it asks dual_clip and the adaptive controller."""
+    from trajlake.train.algos import KL_CONTROLLERS, POLICY_LOSSES, FixedKLController, ppo_clip_loss
+    from trajlake.train.algos.core import register_loss
+
+    register_loss(POLICY_LOSSES, "test_wide_clip", params={"clip_low": "clip_low", "clip_high": "clip_high"},
+                  rule=lambda clip_low, clip_high: None if clip_high >= 0.5 else
+                  f"test_wide_clip needs clip_high >= 0.5, got {clip_high}")(ppo_clip_loss)
+
+    class NeedsTarget(FixedKLController):
+        @classmethod
+        def config_problem(cls, config):
+            return None if config.kl_target else "test_target needs kl_target"
+
+    KL_CONTROLLERS.add("test_target", NeedsTarget)
+    try:
+        with pytest.raises(ConfigError, match=r"^train config: test_wide_clip needs clip_high >= 0.5, got 0.28$"):
+            TrainConfig(model="m", policy_loss="test_wide_clip", clip_high=0.28)
+        assert TrainConfig(model="m", policy_loss="test_wide_clip", clip_high=0.5).policy_loss == "test_wide_clip"
+        with pytest.raises(ConfigError, match=r"^train config: test_target needs kl_target$"):
+            TrainConfig(model="m", kl_controller="test_target")
+        assert TrainConfig(model="m", kl_controller="test_target", kl_target=0.1).kl_controller == "test_target"
+    finally:
+        POLICY_LOSSES.unregister("test_wide_clip")
+        KL_CONTROLLERS.unregister("test_target")
 
 
 @pytest.mark.parametrize("line, message", [
@@ -171,6 +201,34 @@ def test_numbers_at_their_limits_are_valid():
     c = TrainConfig(model="m", lr=1e30, sft_steps=MAX_COUNT, iterations=0, seed=2**31 - 1, temperature=100.0,
                     run_id="a.b_c-1", critic_warmup=0)
     assert c.sft_steps == MAX_COUNT and c.lr == 1e30  # a huge finite lr is the user's to choose
+
+
+def test_a_registered_entrys_own_rule_is_checked_without_the_config_check_naming_it():
+    """A new loss or KL controller brings its constraints with it: one registration, and the config check asks
+    the entry (`config_problem`), as it asks dual_clip and the adaptive controller."""
+    from trajlake.train.algos import KL_CONTROLLERS, POLICY_LOSSES, FixedKLController, ppo_clip_loss
+    from trajlake.train.algos.core import register_loss
+
+    register_loss(POLICY_LOSSES, "test_wide_clip", params={"clip_low": "clip_low", "clip_high": "clip_high"},
+                  rule=lambda clip_low, clip_high: None if clip_high >= 0.5 else
+                  f"test_wide_clip needs clip_high >= 0.5, got {clip_high}")(ppo_clip_loss)
+
+    class NeedsTarget(FixedKLController):
+        @classmethod
+        def config_problem(cls, config):
+            return None if config.kl_target else "test_target needs kl_target"
+
+    KL_CONTROLLERS.add("test_target", NeedsTarget)
+    try:
+        with pytest.raises(ConfigError, match=r"^train config: test_wide_clip needs clip_high >= 0.5, got 0.28$"):
+            TrainConfig(model="m", policy_loss="test_wide_clip", clip_high=0.28)
+        assert TrainConfig(model="m", policy_loss="test_wide_clip", clip_high=0.5).policy_loss == "test_wide_clip"
+        with pytest.raises(ConfigError, match=r"^train config: test_target needs kl_target$"):
+            TrainConfig(model="m", kl_controller="test_target")
+        assert TrainConfig(model="m", kl_controller="test_target", kl_target=0.1).kl_controller == "test_target"
+    finally:
+        POLICY_LOSSES.unregister("test_wide_clip")
+        KL_CONTROLLERS.unregister("test_target")
 
 
 @pytest.mark.parametrize("line, message", [

@@ -125,11 +125,6 @@ def check_train_config(c: CheckedConfig) -> None:
          f"of micro_batch * grad_accum ({c.micro_batch} * {c.grad_accum}); or leave grad_accum unset"),
         (c.grad_clip >= 0, f"grad_clip must be >= 0, got {c.grad_clip}"),
         (c.kl_coef >= 0 and c.entropy_coef >= 0, "kl_coef and entropy_coef must be >= 0"),
-        (c.kl_controller != "adaptive" or (c.kl_target and c.kl_horizon),
-         "kl_controller adaptive needs kl_target > 0 and kl_horizon > 0"),
-        (c.kl_controller != "adaptive" or c.kl_coef > 0,
-         "kl_controller adaptive needs a starting kl_coef > 0"),
-        (c.policy_loss != "dual_clip" or c.clip_c > 1, f"dual_clip needs clip_c > 1, got {c.clip_c}"),
         (c.is_cap is None or c.is_cap > 0, f"is_cap must be > 0, got {c.is_cap}"),
         (c.is_cap is None or c.old_logprobs == "recompute",
          "is_cap applies with old_logprobs = recompute (with behaviour the ratio is the importance weight)"),
@@ -145,6 +140,7 @@ def check_train_config(c: CheckedConfig) -> None:
     for ok, message in checks:
         if not ok:
             raise ConfigError(f"train config: {message}")
+    _check_entry_rules(c)
     _check_advantage(c, adv)
     _check_stored_data(c)
     _check_horizon(c)
@@ -157,6 +153,16 @@ def check_train_config(c: CheckedConfig) -> None:
         raise ConfigError(f"train config: {adv} compares the samples of a task: samples must be >= {group}, "
                           f"got {c.samples}")
     _check_group_filter(c)
+
+
+def _check_entry_rules(c: CheckedConfig) -> None:
+    """Each named entry's own rules on the settings it reads (a loss's hyper-parameters, a KL controller's
+    coefficients), as its registry entry declares them (`config_problem`): no entry is named here."""
+    for field, registry in NAMED_ENTRIES.items():
+        problem = getattr(registry[getattr(c, field)], "config_problem", None)
+        message = problem(c) if problem is not None else None
+        if message:
+            raise ConfigError(f"train config: {message}")
 
 
 def group_filter_of(algo: str, advantage: str | None, group_filter: str | None) -> str:

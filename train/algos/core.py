@@ -39,11 +39,13 @@ class Loss:
     "value_clip"}``): the trainer passes exactly these, so a new hyper-parameter is a config field and one
     entry here. ``summed`` names its metrics that are a share of the mini-batch's loss (aggregated with the
     mini-batch's denominator), which the trainer adds up over micro-batches; every other metric is a mean
-    over the micro-batch's tokens, weighed by them."""
+    over the micro-batch's tokens, weighed by them. ``rule(**settings)`` returns what is wrong with the
+    loss's hyper-parameters (None when nothing is): the config check and the loss itself both ask it."""
 
     fn: Callable[..., tuple[torch.Tensor, dict[str, torch.Tensor]]]
     params: Mapping[str, str] = field(default_factory=dict)
     summed: tuple[str, ...] = ()
+    rule: Callable[..., str | None] | None = None
 
     def __call__(self, **kwargs: Any) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         return self.fn(**kwargs)
@@ -52,13 +54,17 @@ class Loss:
         """The hyper-parameters this loss reads, from `config` (a TrainConfig)."""
         return {kw: getattr(config, name) for kw, name in self.params.items()}
 
+    def config_problem(self, config: Any) -> str | None:
+        """What is wrong with the settings `config` gives this loss, as its rule says; None when nothing is."""
+        return self.rule(**self.settings(config)) if self.rule else None
+
 
 def register_loss(registry: Registry[Loss], name: str, *aliases: str, params: Mapping[str, str] | None = None,
-                  summed: tuple[str, ...] = ()) -> Callable:
+                  summed: tuple[str, ...] = (), rule: Callable[..., str | None] | None = None) -> Callable:
     """Decorator: register the loss function under ``name`` (and ``aliases``) as a :class:`Loss`."""
 
     def deco(fn: Callable) -> Callable:
-        registry.add(name, Loss(fn, dict(params or {}), summed), *aliases)
+        registry.add(name, Loss(fn, dict(params or {}), summed, rule), *aliases)
         return fn
 
     return deco

@@ -91,6 +91,11 @@ class FixedKLController:
         """The controller for a config's settings (a fixed one reads only `kl_coef`)."""
         return cls(kl_coef)
 
+    @classmethod
+    def config_problem(cls, config: Any) -> str | None:
+        """What is wrong with a TrainConfig's KL settings for this controller: nothing, whatever they are."""
+        return None
+
     def update(self, current_kl: float, n_steps: int) -> None:
         """No-op."""
 
@@ -124,6 +129,16 @@ class AdaptiveKLController:
         if target_kl is None or horizon is None:
             raise ValueError("an adaptive KL controller needs target_kl and horizon")
         return cls(kl_coef, target_kl, horizon)
+
+    @classmethod
+    def config_problem(cls, config: Any) -> str | None:
+        """What is wrong with a TrainConfig's KL settings for this controller: it adapts a starting coefficient
+        towards a target over a horizon, so it needs all three."""
+        if not (config.kl_target and config.kl_horizon):
+            return "kl_controller adaptive needs kl_target > 0 and kl_horizon > 0"
+        if config.kl_coef <= 0:
+            return "kl_controller adaptive needs a starting kl_coef > 0"
+        return None
 
     def update(self, current_kl: float, n_steps: int) -> None:
         err = min(max(float(current_kl) / self.target - 1.0, -0.2), 0.2)

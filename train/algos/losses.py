@@ -75,7 +75,12 @@ def ppo_clip_loss(*, log_probs: torch.Tensor, old_log_probs: torch.Tensor, advan
     return _finish(loss_mat, mask, agg_mode, is_weights, denominator, norm_constant, metrics, l2 > l1, lr.detach())
 
 
-@register_loss(POLICY_LOSSES, "dual_clip", params={**CLIP, "clip_c": "clip_c"}, summed=("pg_loss",))
+def _dual_clip_rule(*, clip_c: float, **_: float) -> str | None:
+    return None if clip_c > 1.0 else f"dual_clip needs clip_c > 1, got {clip_c}"
+
+
+@register_loss(POLICY_LOSSES, "dual_clip", params={**CLIP, "clip_c": "clip_c"}, summed=("pg_loss",),
+               rule=_dual_clip_rule)
 def dual_clip_loss(*, log_probs: torch.Tensor, old_log_probs: torch.Tensor, advantages: torch.Tensor,
                    mask: torch.Tensor, agg_mode: str = "token-mean", clip_low: float = 0.2,
                    clip_high: float = 0.2, clip_c: float = 3.0, is_weights: torch.Tensor | None = None,
@@ -88,8 +93,9 @@ def dual_clip_loss(*, log_probs: torch.Tensor, old_log_probs: torch.Tensor, adva
     whose ratio has grown huge under a negative advantage gives a bounded loss and no gradient.
     Returns ``(loss, metrics)``; metrics add pg_clipfrac_lower (share of agent tokens hitting the -c A bound).
     """
-    if clip_c <= 1.0:
-        raise ValueError(f"dual_clip needs clip_c > 1, got {clip_c}")
+    problem = _dual_clip_rule(clip_c=clip_c)
+    if problem:
+        raise ValueError(problem)
     lr = _log_ratio(log_probs, old_log_probs, mask)
     ratio = torch.exp(lr)
     adv = _zero_outside(advantages.detach().to(ratio.dtype), mask)
