@@ -102,7 +102,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     except ValueError:
         p.error(f"--turns must be whole numbers separated by commas, got {args.turns!r}")
     if any(n < 10 * TURNS_PER_EPISODE * COLLECT_RUNS or n % TURNS_PER_EPISODE for n in args.sizes):
-        p.error(f"each size must be a multiple of {TURNS_PER_EPISODE} and at least {10 * TURNS_PER_EPISODE * COLLECT_RUNS}")
+        least = 10 * TURNS_PER_EPISODE * COLLECT_RUNS
+        p.error(f"each size must be a multiple of {TURNS_PER_EPISODE} and at least {least}")
     return args
 
 
@@ -136,7 +137,8 @@ def _episode_columns(rng: np.random.Generator, idx: np.ndarray, collected: int) 
     policy = np.where(is_eval, f"train-0/step-{TRAIN_STEPS}", "scripted")
     return {"run_id": pa.array(run.tolist()), "policy_id": pa.array(policy.tolist()),
             "task_id": pa.array([f"task-{t:04d}" for t in task]),
-            "group_id": pa.array([f"group-{i // 4}" for i in idx]), "sample_index": pa.array((idx % 4).astype(np.int32))}
+            "group_id": pa.array([f"group-{i // 4}" for i in idx]),
+            "sample_index": pa.array((idx % 4).astype(np.int32))}
 
 
 def _train_steps(collected: int) -> list:

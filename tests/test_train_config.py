@@ -203,34 +203,6 @@ def test_numbers_at_their_limits_are_valid():
     assert c.sft_steps == MAX_COUNT and c.lr == 1e30  # a huge finite lr is the user's to choose
 
 
-def test_a_registered_entrys_own_rule_is_checked_without_the_config_check_naming_it():
-    """A new loss or KL controller brings its constraints with it: one registration, and the config check asks
-    the entry (`config_problem`), as it asks dual_clip and the adaptive controller."""
-    from trajlake.train.algos import KL_CONTROLLERS, POLICY_LOSSES, FixedKLController, ppo_clip_loss
-    from trajlake.train.algos.core import register_loss
-
-    register_loss(POLICY_LOSSES, "test_wide_clip", params={"clip_low": "clip_low", "clip_high": "clip_high"},
-                  rule=lambda clip_low, clip_high: None if clip_high >= 0.5 else
-                  f"test_wide_clip needs clip_high >= 0.5, got {clip_high}")(ppo_clip_loss)
-
-    class NeedsTarget(FixedKLController):
-        @classmethod
-        def config_problem(cls, config):
-            return None if config.kl_target else "test_target needs kl_target"
-
-    KL_CONTROLLERS.add("test_target", NeedsTarget)
-    try:
-        with pytest.raises(ConfigError, match=r"^train config: test_wide_clip needs clip_high >= 0.5, got 0.28$"):
-            TrainConfig(model="m", policy_loss="test_wide_clip", clip_high=0.28)
-        assert TrainConfig(model="m", policy_loss="test_wide_clip", clip_high=0.5).policy_loss == "test_wide_clip"
-        with pytest.raises(ConfigError, match=r"^train config: test_target needs kl_target$"):
-            TrainConfig(model="m", kl_controller="test_target")
-        assert TrainConfig(model="m", kl_controller="test_target", kl_target=0.1).kl_controller == "test_target"
-    finally:
-        POLICY_LOSSES.unregister("test_wide_clip")
-        KL_CONTROLLERS.unregister("test_target")
-
-
 @pytest.mark.parametrize("line, message", [
     ("lr = inf", "lr must be a finite number, got inf"),
     ("lr = nan", "lr must be a finite number, got nan"),
