@@ -39,6 +39,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import statistics
 import subprocess
@@ -130,6 +131,52 @@ def goal_reward(env, template, task, text: str) -> float:
         return -1.0
     score = info.get("score")
     return float(score) if score is not None else float(reward)
+
+
+#: model FLOPs per sequence token (prompt and reply) of a GRPO iteration, per parameter: 2 to generate it (one
+#: forward, in the prefill or a decode step), 6 to train on it (forward and backward). Attention's own FLOPs are
+#: left out (sequences of about a hundred tokens), as PaLM's MFU leaves out recomputation: the work either side
+#: must do, over the time it took.
+FLOPS_PER_PARAM_TOKEN = 8
+
+
+def count_params(model_dir: str) -> int:
+    """The model's parameters, from its safetensors files' headers (nothing loaded; a tied matrix counts once)."""
+    from safetensors import safe_open
+
+    total = 0
+    for path in sorted(Path(model_dir).glob("*.safetensors")):
+        with safe_open(str(path), framework="pt") as f:
+            for name in f.keys():
+                total += math.prod(f.get_slice(name).get_shape())
+    return total
+
+
+def matmul_peak(threads: int, n: int = 1024, repeats: int = 5) -> float:
+    """This machine's fp32 matmul speed, FLOP/s (best of `repeats` n x n products) at `threads` torch threads (0:
+    as they are): the peak the MFU is a share of, measured on the same cores as the sides."""
+    import torch
+
+    before = torch.get_num_threads()
+    _threads(threads)
+    try:
+        a, b = torch.randn(n, n), torch.randn(n, n)
+        torch.mm(a, b)  # warm-up
+        best = float("inf")
+        for _ in range(repeats):
+            t0 = time.perf_counter()
+            torch.mm(a, b)
+            best = min(best, time.perf_counter() - t0)
+        return 2 * n**3 / best
+    finally:
+        torch.set_num_threads(before)
+
+
+def mfu(summary: dict, prompt_tokens: int, params: int, peak: float) -> float:
+    """The share of `peak` a side's timed iterations used: FLOPS_PER_PARAM_TOKEN * params * (prompt and reply
+    tokens) per second. `prompt_tokens`: an iteration's prompt tokens (every prompt once per sample)."""
+    tokens = summary["iterations"] * prompt_tokens + summary["tokens"]
+    return FLOPS_PER_PARAM_TOKEN * params * tokens / summary["seconds"] / peak
 
 
 def _threads(n: int) -> None:
@@ -302,9 +349,11 @@ def summarize(result: dict) -> dict:
     return out
 
 
-def report(args, sides: list[str], results: list[dict], load: tuple[float, float, float]) -> list[dict]:
+def report(args, sides: list[str], results: list[dict], load: tuple[float, float, float],
+           machine: dict | None = None) -> list[dict]:
     """Print the table of `results` (one {side: worker result} per round); returns a row per round with
-    each side's summary and, with both sides, the ratio trajlake / TRL of trained tokens per second."""
+    each side's summary and, with both sides, the ratio trajlake / TRL of trained tokens per second. With
+    `machine` ({"params", "peak"}: the model's parameters, the measured matmul FLOP/s), each side's MFU too."""
     n = args.prompts * args.samples
     print(f"GRPO iteration throughput: env {args.env} difficulty {args.difficulty}, {args.prompts} prompts x "
           f"{args.samples} samples = {n} sequences, max_new_tokens {args.max_new_tokens}, temperature "
@@ -313,6 +362,10 @@ def report(args, sides: list[str], results: list[dict], load: tuple[float, float
           f"1 warm-up + {args.repeats} timed iterations per side; load average {load[0]:.2f}")
     prompt_len = [len(p) for p in results[0][sides[0]]["prompt_ids"]]
     print(f"prompt tokens per prompt: {min(prompt_len)}-{max(prompt_len)}")
+    if machine:
+        print(f"model {machine['params'] / 1e6:.1f}M parameters; fp32 matmul peak measured here "
+              f"{machine['peak'] / 1e9:.1f} GFLOP/s at {args.threads or 'the default'} thread(s); MFU = "
+              f"{FLOPS_PER_PARAM_TOKEN} x parameters x (prompt + reply tokens) / s / peak")
     print(f"{'round':<6}{'side':<10}{'tokens':>8}{'seconds':>9}{'tokens/s':>10}{'per iteration (s)':>28}"
           f"{'reward':>8}{'loop s':>8}{'loop tok/s':>11}")
     rows = []
@@ -320,10 +373,13 @@ def report(args, sides: list[str], results: list[dict], load: tuple[float, float
         summary = {s: summarize(rr[s]) for s in sides}
         for s in sides:
             r = summary[s]
+            if machine:
+                r["mfu"] = mfu(r, sum(prompt_len) * args.samples, machine["params"], machine["peak"])
             loop = f"{r['loop_seconds']:>8.2f}{r['loop_tokens_per_s']:>11.0f}" if "loop_seconds" in r else ""
             its = " ".join(f"{x:.2f}" for x in r["per_iteration"])
+            share = f"  MFU {r['mfu']:.1%}" if "mfu" in r else ""
             print(f"{k + 1:<6}{s:<10}{r['tokens']:>8}{r['seconds']:>9.2f}{r['tokens_per_s']:>10.0f}{its:>28}"
-                  f"{r['reward_mean']:>8.2f}{loop}")
+                  f"{r['reward_mean']:>8.2f}{loop}{share}")
         row = {"round": k + 1, **summary}
         if len(sides) == 2:
             row["ratio"] = summary["trajlake"]["tokens_per_s"] / summary["trl"]["tokens_per_s"]
@@ -361,7 +417,8 @@ def main(argv=None) -> int:
         if len(sides) == 2 and results[0]["trl"]["prompt_ids"] != results[0]["trajlake"]["prompt_ids"]:
             print("warning: the two sides' prompt ids differ", file=sys.stderr)
         load = os.getloadavg()
-    rows = report(args, sides, results, load)
+        machine = {"params": count_params(model_dir), "peak": matmul_peak(args.threads)}
+    rows = report(args, sides, results, load, machine)
     write_rows(args.json, headlines(args, rows, load))
     return 0
 
@@ -379,7 +436,10 @@ def headlines(args, rows: list[dict], load: tuple[float, float, float]) -> list[
         trajlake_value=tokens["trajlake"], alternative_value=tokens["trl"], unit="tokens/s",
         target=2.5 if args.model is None else 1.5,
         note=f"{len(rows)} rounds of {args.repeats} iterations: " + ", ".join(f"{r['ratio']:.2f}x" for r in rows)
-        + f"; without the checkpoint {statistics.median(r['ratio_loop'] for r in rows):.2f}x (median)",
+        + f"; without the checkpoint {statistics.median(r['ratio_loop'] for r in rows):.2f}x (median)"
+        + (f"; MFU trajlake {statistics.median(r['trajlake']['mfu'] for r in rows):.1%}, TRL "
+           f"{statistics.median(r['trl']['mfu'] for r in rows):.1%} of a measured fp32 matmul peak"
+           if "mfu" in rows[0]["trajlake"] else ""),
         extra={"args": {k: v for k, v in vars(args).items() if k not in ("side", "workdir")}, "load": load,
                "rounds": rows})]
 

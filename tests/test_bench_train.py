@@ -62,9 +62,12 @@ def test_trl_side_and_report(bench, model, tmp_path, capsys):
     fast = {**trl, "side": "trajlake", "iterations": [
         {**it, "seconds": it["seconds"] / 2, "loop_seconds": it["seconds"] / 2, "collect_s": 0.0,
          "update_s": it["seconds"] / 2} for it in trl["iterations"]]}
-    rows = bench.report(args, ["trl", "trajlake"], [{"trl": trl, "trajlake": fast}], (1.0, 1.0, 1.0))
+    rows = bench.report(args, ["trl", "trajlake"], [{"trl": trl, "trajlake": fast}], (1.0, 1.0, 1.0),
+                        {"params": bench.count_params(model), "peak": 1e9})
     assert rows[0]["ratio"] == pytest.approx(2.0)
-    assert "trajlake / TRL tokens/s: 2.00x" in capsys.readouterr().out
+    assert rows[0]["trajlake"]["mfu"] == pytest.approx(2 * rows[0]["trl"]["mfu"])  # the same work in half the time
+    out = capsys.readouterr().out
+    assert "trajlake / TRL tokens/s: 2.00x" in out and "MFU" in out
 
 
 def test_cli_checks(bench):
@@ -90,3 +93,16 @@ def test_headline_rows(bench, tmp_path):
     assert smol[0].stage == "GRPO iteration: smollm2, 4x4x48" and smol[0].target == 1.5
     one_side = [{"round": 1, "trajlake": rounds[0]["trajlake"]}]
     assert bench.headlines(args, one_side, (0, 0, 0)) == []
+
+
+def test_mfu_counts_every_sequence_token_against_the_measured_peak(bench, model):
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    loaded = AutoModelForCausalLM.from_pretrained(model)
+    unique = {id(p): p.numel() for p in loaded.parameters()}  # a tied matrix once, as the file holds it
+    assert bench.count_params(model) == sum(unique.values())
+    threads = torch.get_num_threads()
+    assert bench.matmul_peak(1, n=256, repeats=2) > 1e6 and torch.get_num_threads() == threads
+    # 2 iterations of 50 prompt tokens and 100 reply tokens in all: 200 tokens x 8 x 1000 params in 2 s of 1 MFLOP/s
+    assert bench.mfu({"iterations": 2, "tokens": 100, "seconds": 2.0}, 50, 1000, 1e6) == pytest.approx(0.8)
