@@ -73,9 +73,21 @@ def _conversation(system: str | None, turns: list[dict]) -> tuple[list[dict], li
     return messages, conversations
 
 
+#: episodes turned into Python rows at a time while exporting: the rows of a whole export held at once took about
+#: 250 kB an episode of 10 turns (bench/scale.py), the Arrow table they become a tenth of it
+EXPORT_BATCH = 500
+
+
 def episode_rows(lake, where: str = "true", *, spec=None, snapshot: int | None = None) -> list[dict[str, Any]]:
     """The dataset's rows for the episodes `where` selects (SQL over episodes columns) at `snapshot`; with a
     reward spec (a loaded RewardSpec), its rewards, scored first where they are not yet."""
+    return [row for batch in episode_batches(lake, where, spec=spec, snapshot=snapshot) for row in batch]
+
+
+def episode_batches(lake, where: str = "true", *, spec=None, snapshot: int | None = None,
+                    size: int | None = None) -> Iterator[list[dict[str, Any]]]:
+    """`episode_rows`, `size` (default EXPORT_BATCH) episodes at a time (the stored rows are read once, in Arrow;
+    only a batch is ever Python objects)."""
     check_episode_filter(lake, where, what="export --dataset --where", snapshot=snapshot)
     rewards: dict[str, dict] = {}
     if spec is not None:
@@ -85,29 +97,34 @@ def episode_rows(lake, where: str = "true", *, spec=None, snapshot: int | None =
             score(lake, spec, where=where)  # what is scored already is skipped
         rewards = {r["episode_id"]: r
                    for r in episode_rewards(lake, spec.spec_id, where, snapshot=snapshot).to_pylist()}
-    rows = []
-    for r in lake.query(_select_sql(where), snapshot=snapshot, output="arrow").to_pylist():
-        turns = r["turns"] or []
-        system = json.loads(r["run_config"]).get("system_prompt") if r["run_config"] else None
-        r["messages"], r["conversations"] = _conversation(system, turns)
-        ids, mask, logprobs = [], [], []
-        for t in turns:
-            p, a = list(t["prompt_token_ids"] or ()), list(t["response_token_ids"] or ())
-            lp = t["response_logprobs"]
-            ids += p + a
-            mask += [0] * len(p) + [1] * len(a)
-            logprobs += [None] * len(p) + (list(lp) if lp is not None else [None] * len(a))
-        r.update(input_ids=ids, loss_mask=mask, behaviour_logprobs=logprobs)
-        if spec is not None:
-            got = rewards.get(r["episode_id"])
-            token_rewards = [0.0] * len(ids)
-            for k in (got or {}).get("tokens") or []:
-                if k["position"] is not None:
-                    token_rewards[k["position"]] = k["reward"]
-            r.update(spec_id=spec.spec_id, reward=got["total"] if got else None,
-                     token_rewards=token_rewards if got else None)
-        rows.append(r)
-    return rows
+    table = lake.query(_select_sql(where), snapshot=snapshot, output="arrow")
+    for batch in table.to_batches(max_chunksize=size or EXPORT_BATCH):
+        if batch.num_rows:
+            yield [_dataset_row(r, spec, rewards) for r in batch.to_pylist()]
+
+
+def _dataset_row(r: dict[str, Any], spec, rewards: dict[str, dict]) -> dict[str, Any]:
+    """One stored episode's row (as the query gives it) with its conversation, token sequence and rewards."""
+    turns = r["turns"] or []
+    system = json.loads(r["run_config"]).get("system_prompt") if r["run_config"] else None
+    r["messages"], r["conversations"] = _conversation(system, turns)
+    ids, mask, logprobs = [], [], []
+    for t in turns:
+        p, a = list(t["prompt_token_ids"] or ()), list(t["response_token_ids"] or ())
+        lp = t["response_logprobs"]
+        ids += p + a
+        mask += [0] * len(p) + [1] * len(a)
+        logprobs += [None] * len(p) + (list(lp) if lp is not None else [None] * len(a))
+    r.update(input_ids=ids, loss_mask=mask, behaviour_logprobs=logprobs)
+    if spec is not None:
+        got = rewards.get(r["episode_id"])
+        token_rewards = [0.0] * len(ids)
+        for k in (got or {}).get("tokens") or []:
+            if k["position"] is not None:
+                token_rewards[k["position"]] = k["reward"]
+        r.update(spec_id=spec.spec_id, reward=got["total"] if got else None,
+                 token_rewards=token_rewards if got else None)
+    return r
 
 
 def export_dataset(lake, out: str | Path, where: str = "true", *, spec=None, snapshot: int | None = None) -> int:
@@ -118,15 +135,18 @@ def export_dataset(lake, out: str | Path, where: str = "true", *, spec=None, sna
     out = Path(out)
     if out.exists() and any(out.iterdir()):
         raise TrajlakeError(f"{out} exists and is not empty: export into a new folder")
-    rows = episode_rows(lake, where, spec=spec, snapshot=snapshot)
-    if not rows:
+    # each batch's rows become Arrow before the next is made; a column that is null throughout one batch takes
+    # its type from the others (permissive promotion)
+    tables = [pa.Table.from_pylist(rows) for rows in episode_batches(lake, where, spec=spec, snapshot=snapshot)]
+    if not tables:
         raise TrajlakeError(f"--where {where!r} selects no episode: nothing to export")
-    ds = datasets.Dataset(pa.Table.from_pylist(rows))
+    table = pa.concat_tables(tables, promote_options="permissive")
+    ds = datasets.Dataset(table)
     out.parent.mkdir(parents=True, exist_ok=True)
     with atomic_output(out, folder=True) as fresh:  # whole or not at all, never through a link planted in it
         ds.save_to_disk(str(fresh))
         ds.to_parquet(str(fresh / PARQUET))
-    return len(rows)
+    return table.num_rows
 
 
 def _sources(folder: Path) -> list[tuple[str, Any]]:
@@ -203,4 +223,4 @@ def import_dataset(lake, folder: str | Path, *, limits: Limits = Limits()) -> di
             "snapshot": stored.snapshot_id}
 
 
-__all__ = ["export_dataset", "import_dataset", "episode_rows"]
+__all__ = ["export_dataset", "import_dataset", "episode_batches", "episode_rows"]

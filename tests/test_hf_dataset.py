@@ -112,3 +112,21 @@ def test_cli_export_and_import(source, tmp_path, capsys):
     assert "episodes: 2" in capsys.readouterr().out
     with Lake.open(str(tmp_path / "dst")) as dst:
         assert dst.query("SELECT DISTINCT policy_id FROM episodes").item() == "scripted:doors"
+
+
+def test_an_export_made_a_batch_at_a_time_is_the_export_made_at_once(source, tmp_path, monkeypatch):
+    """Batches of one episode: a model's (log-probs) and an expert's (none: a null column in its batch) meet in
+    one table, typed by the others, and the dataset equals the one made from all the rows at once."""
+    import pyarrow.parquet as pq
+
+    from trajlake.interop import hf_dataset
+
+    monkeypatch.setattr(hf_dataset, "EXPORT_BATCH", 1)
+    assert export_dataset(source, tmp_path / "one", spec=default_spec()) == 8
+    monkeypatch.setattr(hf_dataset, "EXPORT_BATCH", 10_000)
+    assert export_dataset(source, tmp_path / "all", spec=default_spec()) == 8
+    one, whole = (pq.read_table(tmp_path / d / hf_dataset.PARQUET) for d in ("one", "all"))
+    assert one.schema == whole.schema and one.to_pylist() == whole.to_pylist()
+    assert sum(1 for r in whole.to_pylist() if all(v is None for v in r["behaviour_logprobs"])) == 2  # the expert's
+    with Lake.open(str(tmp_path / "copy")) as copy:
+        assert import_dataset(copy, tmp_path / "one")["episodes"] == 8
