@@ -151,8 +151,8 @@ class AdaptiveKLController:
         self.value, self.target, self.horizon = float(state["value"]), float(state["target"]), float(state["horizon"])
 
 
-def make_kl_controller(kind: str = "fixed", kl_coef: float = 0.001, target_kl: float | None = None,
-                       horizon: float | None = None):
-    """Build a KL controller by name (``fixed`` or ``adaptive``; the latter needs target_kl and horizon): every
-    controller has ``from_settings``, ``value``, ``update``, ``state_dict`` and ``load_state_dict``."""
+def make_kl_controller(kind: str, kl_coef: float, target_kl: float | None = None, horizon: float | None = None):
+    """Build a KL controller by name (``fixed`` or ``adaptive``; the latter needs target_kl and horizon) at the
+    starting coefficient `kl_coef` (the run's: TrainConfig.kl_coef holds the one default): every controller has
+    ``from_settings``, ``value``, ``update``, ``state_dict`` and ``load_state_dict``."""
     return KL_CONTROLLERS[kind].from_settings(kl_coef, target_kl=target_kl, horizon=horizon)
