@@ -32,9 +32,14 @@ GOAL_RULES: tuple[tuple[str, str], ...] = (
 
 _RULES_VALUES = ", ".join(f"('{family}', '{pattern}')" for family, pattern in GOAL_RULES)
 
-POLICY_TRAINING_EPISODES_SQL = """
+def training_episodes_sql(policies: str) -> str:
+    """policy_training_episodes' query for the policies the query `policies` gives (a `policy_id` column): every
+    episode a train step on each one's way trained on. The view reads every policy's; eval_contamination only the
+    evaluated ones', since the rows grow with steps x episodes over all policies (a run's 100 checkpoints on 1M
+    episodes: 50M rows and 5.4 GB to find one evaluated policy's 1M, bench/scale.py)."""
+    return f"""
 WITH RECURSIVE chain(policy_id, ancestor_id, depth) AS (  -- each policy and its ancestors (a cycle stops at 64)
-    SELECT policy_id, policy_id, 0 FROM policies
+    SELECT policy_id, policy_id, 0 FROM ({policies})
     UNION ALL
     SELECT c.policy_id, p.parent_policy_id, c.depth + 1
     FROM chain c JOIN policies p ON p.policy_id = c.ancestor_id
@@ -50,6 +55,9 @@ WITH RECURSIVE chain(policy_id, ancestor_id, depth) AS (  -- each policy and its
 )
 SELECT DISTINCT policy_id, train_run, episode_id FROM used
 """
+
+
+POLICY_TRAINING_EPISODES_SQL = training_episodes_sql("SELECT policy_id FROM policies")
 
 EPISODE_GOALS_SQL = f"""
 WITH rules(family, pattern) AS (VALUES {_RULES_VALUES}),
@@ -68,15 +76,19 @@ SELECT f.episode_id, f.env, f.task_id, f.family,
 FROM firsts f LEFT JOIN rules r USING (family) LEFT JOIN stored_tasks k USING (task_id)
 """
 
-EVAL_CONTAMINATION_SQL = """
+#: the lineage of the policies the `ev` CTE below evaluates, indented as a CTE's body
+_EVALUATED_LINEAGE = training_episodes_sql("SELECT DISTINCT policy_id FROM ev").strip().replace("\n", "\n    ")
+
+EVAL_CONTAMINATION_SQL = f"""
 WITH ev AS (  -- the evaluated episodes (env errors left out)
     SELECT e.run_id AS eval_run, e.policy_id, e.env, t.split, e.episode_id, e.task_id, coalesce(e.success, false) AS won
     FROM episodes e JOIN runs r USING (run_id) LEFT JOIN tasks t USING (task_id)
     WHERE r.kind = 'eval' AND e.status IS DISTINCT FROM 'error'
+), lineage AS (  -- policy_training_episodes of the evaluated policies alone
+    {_EVALUATED_LINEAGE}
 ), trained AS (  -- what each evaluated policy's lineage trained on: task ids and goals
     SELECT DISTINCT p.policy_id, g.task_id, g.family, g.goal
-    FROM policy_training_episodes p JOIN episode_goals g USING (episode_id)
-    WHERE p.policy_id IN (SELECT policy_id FROM ev)
+    FROM lineage p JOIN episode_goals g USING (episode_id)
 ), ev_goals AS (
     SELECT ev.eval_run, ev.policy_id, ev.task_id, g.family, g.goal
     FROM ev JOIN episode_goals g USING (episode_id)

@@ -100,6 +100,18 @@ def test_each_evaluation_counts_the_tasks_its_policy_trained_on(lake):
     assert (rows["eval-base"]["contaminated_tasks"], rows["eval-base"]["clean_success_rate"]) == (0, 0.5)
 
 
+def test_the_evaluated_policies_lineage_is_the_views_rows_for_them(lake):
+    """eval_contamination follows the lineage of the evaluated policies alone (the view's rows for every policy
+    grow with steps x episodes): the same rows as the policy_training_episodes view gives for them."""
+    from trajlake.schemas.lineage_views import training_episodes_sql
+
+    _seed(lake)
+    evaluated = "SELECT DISTINCT policy_id FROM episodes JOIN runs USING (run_id) WHERE kind = 'eval'"
+    own = lake.query(f"SELECT * FROM ({training_episodes_sql(evaluated)}) ORDER BY ALL").rows()
+    view = lake.query(f"SELECT * FROM policy_training_episodes WHERE policy_id IN ({evaluated}) ORDER BY ALL").rows()
+    assert own == view and {p for p, _, _ in own} == {"grpo/step-1", "sft/step-10"}
+
+
 def test_the_cookbook_query_is_the_same_numbers(lake):
     _seed(lake)
     got = {r["eval_run"]: r["contaminated_tasks"] for r in lake.query(QUERY.read_text()).iter_rows(named=True)}
