@@ -180,7 +180,7 @@ bench: setup-bench
 	$(PY) bench/suite.py --out reports/bench $(BENCH_ARGS)
 
 # Cost curves (bench/scale.py): every store operation on lakes of 100k, 1M and 10M turns, each in a process of its
-# own; the table, bench/scale/scale.json and scale.svg (bench/README.md shows them). About 15 minutes on 2 cores.
+# own; the table, bench/scale/scale.json and scale.svg (bench/README.md shows them). About 2 minutes on 2 cores.
 bench-scale: setup
 	$(PY) bench/scale.py --out bench/scale $(BENCH_ARGS)
 
