@@ -20,6 +20,8 @@ from trajlake.train.algos import (
     GROUP_FILTERS,
     KL_CONTROLLERS,
     KL_ESTIMATORS,
+    KL_PLACEMENTS,
+    OLD_LOGPROB_SOURCES,
     POLICY_LOSSES,
     VALUE_LOSSES,
 )
@@ -34,8 +36,6 @@ CheckedConfig = Any
 DTYPES = ("fp32", "bf16")
 #: rollout_engine -> the policy scheme its replicas load
 ROLLOUT_ENGINES = {"transformers": "hf", "vllm": "vllm"}
-OLD_LOGPROBS = ("recompute", "behaviour")
-KL_MODES = ("loss", "reward")
 
 #: The largest count (steps, iterations, tasks, batch sizes, token budgets) a config may ask for. Far beyond any
 #: run this trainer makes (10M optimizer steps of the tiny model take weeks), yet it turns a typo such as
@@ -88,7 +88,8 @@ def check_numbers(c: CheckedConfig) -> None:
 
 #: the fields whose value names an entry of a registry (besides advantage, whose default depends on algo)
 NAMED_ENTRIES = {"policy_loss": POLICY_LOSSES, "agg_mode": AGG_MODES, "kl_estimator": KL_ESTIMATORS,
-                 "kl_controller": KL_CONTROLLERS, "value_loss": VALUE_LOSSES}
+                 "kl_controller": KL_CONTROLLERS, "value_loss": VALUE_LOSSES, "kl_mode": KL_PLACEMENTS,
+                 "old_logprobs": OLD_LOGPROB_SOURCES}
 
 
 def check_train_config(c: CheckedConfig) -> None:
@@ -103,9 +104,6 @@ def check_train_config(c: CheckedConfig) -> None:
         (bool(c.model), "model is required: a model folder or policy:ID"),
         (c.dtype in DTYPES, f"dtype must be one of {', '.join(DTYPES)}, got {c.dtype!r}"),
         (c.zero_stage in (0, 1, 2, 3), f"zero_stage must be 0, 1, 2 or 3, got {c.zero_stage}"),
-        (c.old_logprobs in OLD_LOGPROBS,
-         f"old_logprobs must be one of {OLD_LOGPROBS}, got {c.old_logprobs!r}"),
-        (c.kl_mode in KL_MODES, f"kl_mode must be one of {KL_MODES}, got {c.kl_mode!r}"),
         *((name in registry, f"unknown {field} {name!r}; valid: {', '.join(registry.names())}")
           for field, registry, name in [("advantage", ADVANTAGES, adv)]
           + [(f, registry, getattr(c, f)) for f, registry in NAMED_ENTRIES.items()]),
@@ -126,8 +124,6 @@ def check_train_config(c: CheckedConfig) -> None:
         (c.grad_clip >= 0, f"grad_clip must be >= 0, got {c.grad_clip}"),
         (c.kl_coef >= 0 and c.entropy_coef >= 0, "kl_coef and entropy_coef must be >= 0"),
         (c.is_cap is None or c.is_cap > 0, f"is_cap must be > 0, got {c.is_cap}"),
-        (c.is_cap is None or c.old_logprobs == "recompute",
-         "is_cap applies with old_logprobs = recompute (with behaviour the ratio is the importance weight)"),
         (not supervised or bool(c.sft_filter.strip()),
          f"algo {c.algo} needs sft_filter (SQL over episodes, e.g. \"success AND policy_id LIKE 'scripted:%'\")"),
         (0 <= c.gamma <= 1 and 0 <= c.lam <= 1, "gamma and lam must be in [0, 1]"),
@@ -141,6 +137,9 @@ def check_train_config(c: CheckedConfig) -> None:
         if not ok:
             raise ConfigError(f"train config: {message}")
     _check_entry_rules(c)
+    if c.is_cap is not None and not OLD_LOGPROB_SOURCES[c.old_logprobs].recomputed:
+        raise ConfigError(f"train config: is_cap applies with old_logprobs = recompute (with {c.old_logprobs} the "
+                          "ratio is the importance weight)")
     _check_advantage(c, adv)
     _check_stored_data(c)
     _check_horizon(c)
@@ -211,7 +210,7 @@ def _check_stored_data(c: CheckedConfig) -> None:
         if c.train_filter is not None or _supervised(c):
             raise ConfigError("train config: replay_ratio mixes replayed rollouts into fresh ones: not with "
                               f"train_filter (every episode is stored already) or algo {_algos_of(SFT_LOOP, 'or')}")
-        if c.old_logprobs == "recompute" and c.is_cap is None:
+        if not _corrects_off_policy(c):
             raise ConfigError("train config: replay_ratio trains on earlier policies' rollouts: take the ratio "
                               "against their behaviour log-probs with old_logprobs = \"behaviour\", or truncated "
                               "importance weights with is_cap (e.g. 2.0)")
@@ -225,7 +224,7 @@ def _check_stored_data(c: CheckedConfig) -> None:
     if _supervised(c):
         raise ConfigError(f"train config: algo {c.algo} trains on sft_filter; train_filter is for "
                           f"{_algos_of(RL_LOOP, 'and')}")
-    if c.old_logprobs == "recompute" and c.is_cap is None:
+    if not _corrects_off_policy(c):
         raise ConfigError("train config: train_filter trains on rollouts other policies played: take the ratio "
                           "against their behaviour log-probs with old_logprobs = \"behaviour\", or truncated "
                           "importance weights with is_cap (e.g. 2.0)")
@@ -252,6 +251,12 @@ def _check_env(c: CheckedConfig) -> None:
     plays none)."""
     if not _supervised(c) or c.eval_every > 0:
         c.check_env_url()
+
+
+def _corrects_off_policy(c: CheckedConfig) -> bool:
+    """Whether the ratio corrects for rollouts another policy played: taken against their stored behaviour
+    log-probs (a source that is not recomputed), or with truncated importance weights (is_cap)."""
+    return not OLD_LOGPROB_SOURCES[c.old_logprobs].recomputed or c.is_cap is not None
 
 
 def _supervised(c: CheckedConfig) -> bool:

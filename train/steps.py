@@ -19,6 +19,8 @@ from trajlake.core.errors import TrajlakeError
 from trajlake.train.algos import (
     ADVANTAGES,
     GROUP_FILTERS,
+    KL_PLACEMENTS,
+    OLD_LOGPROB_SOURCES,
     POLICY_LOSSES,
     VALUE_LOSSES,
     aggregate,
@@ -73,9 +75,9 @@ def old_logprobs_from_update(engines: Engines, batch: Batch, cfg: TrainConfig) -
     mini-batch (a single optimizer step, after every micro-batch's loss), no dropout (train- and eval-mode
     passes agree), the actor trained every iteration (no critic warm-up), and nothing needing pi_old before
     the update (is_cap, a KL penalty in the rewards)."""
-    if not (cfg.old_logprobs == "recompute" and cfg.epochs == 1 and batch.size <= cfg.minibatch_size
+    if not (OLD_LOGPROB_SOURCES[cfg.old_logprobs].recomputed and cfg.epochs == 1 and batch.size <= cfg.minibatch_size
             and cfg.critic_warmup == 0 and cfg.is_cap is None
-            and not (engines.ref is not None and cfg.kl_mode == "reward")):
+            and not (engines.ref is not None and KL_PLACEMENTS[cfg.kl_mode].in_rewards)):
         return False
     module = getattr(engines.actor, "module", engines.actor)
     if any(isinstance(m, torch.nn.Dropout) and m.p > 0 for m in module.modules()):
@@ -119,7 +121,9 @@ def prepare(engines: Engines, batch: Batch, cfg: TrainConfig, kl_ctl) -> tuple[P
     both = has_behaviour & (mask > 0) & ~torch.isnan(batch.behaviour_logprobs)
     engines.actor.eval()
     lazy = old_logprobs_from_update(engines, batch, cfg)
-    if cfg.old_logprobs == "behaviour":
+    recomputed = OLD_LOGPROB_SOURCES[cfg.old_logprobs].recomputed
+    kl_in_rewards = KL_PLACEMENTS[cfg.kl_mode].in_rewards
+    if not recomputed:
         if not bool(has_behaviour.all()):
             bad = batch.episode_ids[int((~has_behaviour).any(-1).nonzero()[0, 0])]
             raise TrajlakeError(f"episode {bad} has no behaviour log-probs (a text policy played it): use "
@@ -137,14 +141,14 @@ def prepare(engines: Engines, batch: Batch, cfg: TrainConfig, kl_ctl) -> tuple[P
         w = torch.exp((old - behaviour).clamp(-20, 20)).clamp(max=cfg.is_cap)
         is_weights = torch.where(has_behaviour & (mask > 0), w, torch.ones_like(w))
         metrics["is_weight_mean"] = float(masked_mean(is_weights, mask))
-    if both.any() and not lazy and cfg.old_logprobs != "behaviour":
+    if both.any() and not lazy and recomputed:
         metrics["behaviour_kl"] = float((behaviour - old)[both].mean())  # k1 estimate of KL(mu || pi_old)
     ref = None
     rewards = batch.token_rewards.clone()
-    if engines.ref is not None and (bool(keep.any()) or cfg.kl_mode == "reward" or not cfg.drop_zero_advantage):
+    if engines.ref is not None and (bool(keep.any()) or kl_in_rewards or not cfg.drop_zero_advantage):
         ref = per_token(batch, cfg, lambda s: forward_logprobs(engines.ref, s.input_ids, s.attention_mask,
                                                                   temperature=cfg.temperature)[0], engines)
-        if cfg.kl_mode == "reward":
+        if kl_in_rewards:
             rewards, m = apply_kl_penalty(rewards, old, ref, mask, kl_ctl.value, cfg.kl_estimator)
             kl_ctl.update(m["kl"], batch.size)
             metrics["kl"] = m["kl"]
@@ -250,7 +254,7 @@ def actor_loss_terms(lp: torch.Tensor, ent: torch.Tensor, mask: torch.Tensor, cf
     if cfg.entropy_coef > 0:
         loss = loss - cfg.entropy_coef * aggregate(ent, mask, cfg.agg_mode, denominator=denom,
                                                    norm_constant=cfg.norm_constant)
-    if ref_logprobs is not None and cfg.kl_mode == "loss":
+    if ref_logprobs is not None and not KL_PLACEMENTS[cfg.kl_mode].in_rewards:
         kl = kl_penalty(lp, ref_logprobs, mask, cfg.kl_estimator)
         loss = loss + kl_ctl.value * aggregate(kl, mask, cfg.agg_mode, denominator=denom,
                                                norm_constant=cfg.norm_constant)
@@ -318,7 +322,7 @@ def rl_update(engines: Engines, prep: Prepared, cfg: TrainConfig, kl_ctl, *, see
                            summed=POLICY_LOSSES[cfg.policy_loss].summed)
             tokens += int(batch.attention_mask[torch.as_tensor(rows)].sum())
     out = meter.result()
-    if prep.ref_logprobs is not None and cfg.kl_mode == "loss" and "kl" in out:
+    if prep.ref_logprobs is not None and not KL_PLACEMENTS[cfg.kl_mode].in_rewards and "kl" in out:
         kl_ctl.update(out["kl"], batch.size)
     out["kl_coef"] = float(kl_ctl.value) if engines.ref is not None else 0.0
     out["train_tokens_per_s"] = tokens / max(time.perf_counter() - t0, 1e-9)

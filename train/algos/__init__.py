@@ -38,6 +38,8 @@ Registries (:class:`trajlake.core.registry.Registry`), keyed by name (``REGISTRY
 - :data:`GROUP_FILTERS`: ``outcome_differs``, ``all`` (:mod:`.groups`): which groups' advantages an update
   keeps (only those whose samples' success differs, or every one).
 - :data:`KL_CONTROLLERS`: ``fixed`` (:class:`FixedKLController`), ``adaptive`` (:class:`AdaptiveKLController`).
+- :data:`KL_PLACEMENTS` (``kl_mode``): ``loss``, ``reward``; :data:`OLD_LOGPROB_SOURCES` (``old_logprobs``):
+  ``recompute``, ``behaviour``. Entries say what they are (``in_rewards``, ``recomputed``); the update reads that.
 
 Helpers: :func:`masked_sum`, :func:`masked_mean`, :func:`masked_var`, :func:`masked_whiten`,
 :func:`entropy_from_logits`, :func:`log_probs_from_logits`, :func:`kl_penalty`, :func:`apply_kl_penalty`.
@@ -76,7 +78,9 @@ from trajlake.train.algos.core import (
     AGG_MODES,
     KL_CONTROLLERS,
     KL_ESTIMATORS,
+    KL_PLACEMENTS,
     LOG_RATIO_CLAMP,
+    OLD_LOGPROB_SOURCES,
     POLICY_LOSSES,
     VALUE_LOSSES,
     Advantage,
@@ -118,7 +122,8 @@ __all__ = [
     "Registry", "UnknownNameError", "LOG_RATIO_CLAMP",
     "ALGOS", "Algo", "register_algo", "RL_LOOP", "SFT_LOOP", "Advantage", "register_advantage",
     "GROUP_FILTERS", "GroupFilter", "outcome_groups", "register_group_filter",
-    "ADVANTAGES", "POLICY_LOSSES", "VALUE_LOSSES", "KL_ESTIMATORS", "AGG_MODES", "KL_CONTROLLERS",
+    "ADVANTAGES", "POLICY_LOSSES", "VALUE_LOSSES", "KL_ESTIMATORS", "AGG_MODES", "KL_CONTROLLERS", "KL_PLACEMENTS",
+    "OLD_LOGPROB_SOURCES",
     "masked_sum", "masked_mean", "masked_var", "masked_whiten", "aggregate",
     "compute_gae", "compute_grpo", "compute_dr_grpo", "compute_rloo", "compute_reinforce_plus_plus",
     "compute_advantages", "group_index", "compute_gigpo", "compute_turn_reinforce", "compute_turn_gae",

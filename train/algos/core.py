@@ -185,6 +185,36 @@ KL_ESTIMATORS: Registry[KLEstimatorFn] = Registry("KL estimator")
 AGG_MODES: Registry[AggMode] = Registry("loss aggregation mode")
 KL_CONTROLLERS: Registry[type] = Registry("KL controller")
 
+
+@dataclass(frozen=True)
+class KLPlacement:
+    """Where the KL to the reference policy enters an update (``kl_mode``): ``in_rewards``, a penalty on the token
+    rewards before the advantages (PPO-RLHF's, measured on pi_old and updating the controller once per batch);
+    else a term of the actor's loss (GRPO's, on the log-probs being trained, the controller updated after the
+    update)."""
+
+    in_rewards: bool
+    description: str = ""
+
+
+@dataclass(frozen=True)
+class OldLogprobSource:
+    """Where the ratio's pi_old comes from (``old_logprobs``): ``recomputed``, a forward pass of the actor over
+    the batch before the update (truncated importance weights, ``is_cap``, then correct for the policy that
+    played); else the behaviour log-probs stored with each rollout (the ratio is itself the importance weight,
+    so data other policies played needs nothing more)."""
+
+    recomputed: bool
+    description: str = ""
+
+
+KL_PLACEMENTS: Registry[KLPlacement] = Registry("kl_mode")
+KL_PLACEMENTS.add("loss", KLPlacement(False, "a term of the actor's loss"))
+KL_PLACEMENTS.add("reward", KLPlacement(True, "a penalty on the token rewards before the advantages"))
+OLD_LOGPROB_SOURCES: Registry[OldLogprobSource] = Registry("old_logprobs")
+OLD_LOGPROB_SOURCES.add("recompute", OldLogprobSource(True, "the actor's forward pass before the update"))
+OLD_LOGPROB_SOURCES.add("behaviour", OldLogprobSource(False, "the behaviour log-probs stored with each rollout"))
+
 # ------------------------------------------------------------------------------------------------- helpers
 
 
