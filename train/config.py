@@ -33,7 +33,6 @@ from trajlake.train.config_checks import (  # noqa: F401  (the constants are thi
     DEFAULT_ADVANTAGE,
     DTYPES,
     MAX_COUNT,
-    ROLLOUT_ENGINES,
     ConfigError,
     check_numbers,
     check_train_config,

@@ -27,6 +27,7 @@ from trajlake.train.algos import (
 )
 from trajlake.train.algos.algorithms import ALGOS, DEFAULT_ADVANTAGE, RL_LOOP, SFT_LOOP, algos_accepting
 from trajlake.train.algos.turns import TURN_BASELINES
+from trajlake.train.rollout_engines import ROLLOUT_ENGINES
 from trajlake.train.trackers import TRACKERS
 
 #: What the rules check: a trajlake.train.config.TrainConfig. That module imports this one to run them at
@@ -34,8 +35,6 @@ from trajlake.train.trackers import TRACKERS
 CheckedConfig = Any
 
 DTYPES = ("fp32", "bf16")
-#: rollout_engine -> the policy scheme its replicas load
-ROLLOUT_ENGINES = {"transformers": "hf", "vllm": "vllm"}
 
 #: The largest count (steps, iterations, tasks, batch sizes, token budgets) a config may ask for. Far beyond any
 #: run this trainer makes (10M optimizer steps of the tiny model take weeks), yet it turns a typo such as
@@ -89,7 +88,7 @@ def check_numbers(c: CheckedConfig) -> None:
 #: the fields whose value names an entry of a registry (besides advantage, whose default depends on algo)
 NAMED_ENTRIES = {"policy_loss": POLICY_LOSSES, "agg_mode": AGG_MODES, "kl_estimator": KL_ESTIMATORS,
                  "kl_controller": KL_CONTROLLERS, "value_loss": VALUE_LOSSES, "kl_mode": KL_PLACEMENTS,
-                 "old_logprobs": OLD_LOGPROB_SOURCES}
+                 "old_logprobs": OLD_LOGPROB_SOURCES, "rollout_engine": ROLLOUT_ENGINES}
 
 
 def check_train_config(c: CheckedConfig) -> None:
@@ -127,8 +126,6 @@ def check_train_config(c: CheckedConfig) -> None:
         (not supervised or bool(c.sft_filter.strip()),
          f"algo {c.algo} needs sft_filter (SQL over episodes, e.g. \"success AND policy_id LIKE 'scripted:%'\")"),
         (0 <= c.gamma <= 1 and 0 <= c.lam <= 1, "gamma and lam must be in [0, 1]"),
-        (c.rollout_engine in ROLLOUT_ENGINES,
-         f"unknown rollout_engine {c.rollout_engine!r}; valid: {', '.join(ROLLOUT_ENGINES)}"),
         (all(t in TRACKERS for t in c.report_to),
          f"unknown report_to {[t for t in c.report_to if t not in TRACKERS]}; valid: "
          f"{', '.join(TRACKERS.names())}"),

@@ -8,6 +8,7 @@ from __future__ import annotations
 from trajlake.core.errors import TrajlakeError
 from trajlake.train.distributed import broadcast, device
 from trajlake.train.engine import Engines
+from trajlake.train.rollout_engines import ROLLOUT_ENGINES
 from trajlake.train.train_run import TrainRun
 
 
@@ -96,18 +97,15 @@ def eval_config(r: TrainRun, policy_id: str, step: int):
 def _engine_policy(r: TrainRun, policy_id: str, path: str):
     """The run's rollout policy when it is not the actor itself (replicas > 1, or rollout_engine vllm): started
     once, then each new checkpoint `path` loaded into it without a restart."""
-    from trajlake.train.config import ROLLOUT_ENGINES
-
     c = r.cfg
+    engine = ROLLOUT_ENGINES[c.rollout_engine]
     if r.rollout is None:
         if c.replicas > 1:
             from trajlake.collect.policies.replicas import ReplicatedPolicy
 
-            r.rollout = ReplicatedPolicy(f"{ROLLOUT_ENGINES[c.rollout_engine]}:{path}", c.replicas, policy_id=policy_id)
+            r.rollout = ReplicatedPolicy(f"{engine.scheme}:{path}", c.replicas, policy_id=policy_id)
         else:
-            from trajlake.collect.policies.vllm import VLLMPolicy
-
-            r.rollout = VLLMPolicy(path, policy_id=policy_id)
+            r.rollout = engine.start(path, policy_id)
     elif r.rollout_loaded != path:
         r.rollout.reload(path)
     r.rollout.policy_id, r.rollout_loaded = policy_id, path
@@ -118,7 +116,7 @@ def collect_run(r: TrainRun, engines: Engines, policy_id: str, path: str, cc) ->
     """Rank 0 plays the collect run `cc` with the actor (or its replicas) into the store; returns its run id."""
     from trajlake.collect.rollout import EnvErrorsOnly, collect
 
-    separate = r.cfg.replicas > 1 or r.cfg.rollout_engine != "transformers"
+    separate = r.cfg.replicas > 1 or not ROLLOUT_ENGINES[r.cfg.rollout_engine].in_process
     policy = _engine_policy(r, policy_id, path) if separate else _in_memory_policy(engines, policy_id, path)
     engines.actor.eval()
     try:
