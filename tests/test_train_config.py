@@ -34,7 +34,7 @@ def test_defaults_are_valid():
     (dict(kl_estimator="k9"), ["k3"]),
     (dict(zero_stage=4), ["zero_stage"]),
     (dict(dtype="fp16"), ["bf16"]),
-    (dict(old_logprobs="replay"), ["unknown old_logprobs 'replay'; valid: recompute, behaviour"]),
+    (dict(old_logprobs="replay"), ["unknown old_logprobs 'replay'; valid: behaviour, recompute"]),
     (dict(kl_mode="advantage"), ["unknown kl_mode 'advantage'; valid: loss, reward"]),
     (dict(rollout_engine="sglang"), ["unknown rollout_engine 'sglang'; valid: transformers, vllm"]),
     (dict(is_cap=2.0, old_logprobs="behaviour"), ["is_cap", "recompute"]),
