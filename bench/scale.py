@@ -10,8 +10,9 @@ an eval run of its last policy on the test tasks and a few train tasks (so the c
 to find). Then each operation runs in a fresh process of its own, which reports its seconds and the memory it
 added at its peak (ru_maxrss after, less the resident size before):
 
-* ingest: the whole lake written by `Lake.append`, in appends of at most 500,000 turns (the synthetic data is made
-  in the same process, untimed, one batch at a time; its arrays are part of the peak);
+* ingest: the whole lake written by `Lake.append`, in 20 appends at every size (so `maintain` has files to merge at
+  each; the synthetic data is made in the same process, untimed, one batch at a time; its arrays are part of the
+  peak);
 * scan: `Lake.query` of the turns' count and token-list lengths;
 * rewards: `score(spans=True)` of a four-component spec with discounted allocation (bench/rewards.py's), stored;
 * contamination: the `eval_contamination` view (lineage through train_steps, goals, held-out tasks);
@@ -50,7 +51,7 @@ OPS = ("ingest", "scan", "rewards", "contamination", "viewer", "export", "mainta
 TURNS_PER_EPISODE = 10
 TASKS, TEST_SHARE = 2_000, 0.1
 COLLECT_RUNS, TRAIN_STEPS = 4, 100
-APPEND_TURNS = 500_000
+APPENDS = 20  # a lake grows by many writes: the same number of appends at every size, so each has files to merge
 EVAL_SHARE = 0.01  # of the episodes: the eval run's
 EXPORT_EPISODES = 10_000
 SPEC = """
@@ -155,7 +156,7 @@ def build(lake, turns: int, seed: int) -> float:
     rng = np.random.default_rng(seed)
     episodes = turns // TURNS_PER_EPISODE
     collected = episodes - max(1, int(episodes * EVAL_SHARE))
-    per_batch = APPEND_TURNS // TURNS_PER_EPISODE
+    per_batch = math.ceil(episodes / APPENDS)
     seconds = 0.0
     for first in range(0, episodes, per_batch):
         batch = synthetic_batch(rng, first, min(per_batch, episodes - first), TURNS_PER_EPISODE)

@@ -66,13 +66,30 @@ def snapshots() -> None:
         display.show(lake.snapshots(changes=False, **_read_as(_shown_format(), None, 10_000)), max_rows=10_000)
 
 
+#: the lake's tables, as its catalog holds them (a lake made by an older version may lack a newer table)
+TABLE_NAMES_SQL = """
+SELECT table_name FROM information_schema.tables
+WHERE table_catalog = current_database() AND table_schema = current_schema() AND table_type = 'BASE TABLE'
+ORDER BY table_name
+"""
+
+
 def tables() -> None:
     """List the tables with their row counts."""
-    from trajlake.schemas import TABLES
-
     with open_lake(read_only=True) as lake:
-        counts = " UNION ALL ".join(f"SELECT '{t}' AS table_name, count(*) AS rows FROM {t}" for t in TABLES)
+        names = [row[0] for row in lake.query(TABLE_NAMES_SQL, output="rows").rows]
+        counts = " UNION ALL ".join(f"SELECT {_literal(t)} AS table_name, count(*) AS rows FROM {_identifier(t)}"
+                                    for t in names)
         display.show(lake.query(counts, **_read_as(_shown_format(), None)))
+
+
+def _literal(text: str) -> str:
+    return "'" + text.replace("'", "''") + "'"
+
+
+def _identifier(name: str) -> str:
+    return '"' + name.replace('"', '""') + '"'
+
 
 
 def maintain(
