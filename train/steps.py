@@ -116,47 +116,99 @@ def prepare(engines: Engines, batch: Batch, cfg: TrainConfig, kl_ctl) -> tuple[P
                                  "groups_kept": float(len({g for g, k in zip(batch.group_ids, keep.tolist(),
                                                                              strict=True) if k}))}
     mask = batch.loss_mask
-    behaviour = torch.nan_to_num(batch.behaviour_logprobs, nan=0.0)
-    has_behaviour = ~torch.isnan(batch.behaviour_logprobs) | (mask == 0)
-    both = has_behaviour & (mask > 0) & ~torch.isnan(batch.behaviour_logprobs)
+    beh = _Behaviour.of(batch)
     engines.actor.eval()
-    lazy = old_logprobs_from_update(engines, batch, cfg)
-    recomputed = OLD_LOGPROB_SOURCES[cfg.old_logprobs].recomputed
-    kl_in_rewards = KL_PLACEMENTS[cfg.kl_mode].in_rewards
-    if not recomputed:
-        if not bool(has_behaviour.all()):
-            bad = batch.episode_ids[int((~has_behaviour).any(-1).nonzero()[0, 0])]
-            raise TrajlakeError(f"episode {bad} has no behaviour log-probs (a text policy played it): use "
-                                "old_logprobs = recompute")
-        old = behaviour * mask
-        # the ratio needs no pi_old, but how far the policy now is from the one that played is worth knowing
-        if both.any():
-            metrics["behaviour_kl"] = float((behaviour - _old_logprobs(engines, batch, cfg))[both].mean())
-    elif lazy:
-        old = torch.zeros_like(mask)  # filled in below for the rows the actor does not train on
-    else:
-        old = _old_logprobs(engines, batch, cfg)
-    is_weights = None
-    if cfg.is_cap is not None:
-        w = torch.exp((old - behaviour).clamp(-20, 20)).clamp(max=cfg.is_cap)
-        is_weights = torch.where(has_behaviour & (mask > 0), w, torch.ones_like(w))
-        metrics["is_weight_mean"] = float(masked_mean(is_weights, mask))
-    if both.any() and not lazy and recomputed:
-        metrics["behaviour_kl"] = float((behaviour - old)[both].mean())  # k1 estimate of KL(mu || pi_old)
-    ref = None
-    rewards = batch.token_rewards.clone()
-    if engines.ref is not None and (bool(keep.any()) or kl_in_rewards or not cfg.drop_zero_advantage):
-        ref = per_token(batch, cfg, lambda s: forward_logprobs(engines.ref, s.input_ids, s.attention_mask,
-                                                                  temperature=cfg.temperature)[0], engines)
-        if kl_in_rewards:
-            rewards, m = apply_kl_penalty(rewards, old, ref, mask, kl_ctl.value, cfg.kl_estimator)
-            kl_ctl.update(m["kl"], batch.size)
-            metrics["kl"] = m["kl"]
+    old, lazy, is_weights = _pi_old(engines, batch, cfg, beh, metrics)
+    ref, rewards = _reference(engines, batch, cfg, kl_ctl, keep, old, metrics)
     values = None
     if engines.critic is not None:
         engines.critic.eval()
         values = per_token(batch, cfg, lambda s: forward_values(engines.critic, s.input_ids, s.attention_mask),
                            engines)
+    adv, ret = _advantages(batch, cfg, rewards, values, keep, metrics)
+    rest = (0.0, 0.0)
+    if lazy and cfg.drop_zero_advantage:  # pi_old of the rows left out of the update (no advantage) is
+        # needed only for the behaviour_kl metric
+        others = (~(adv * mask != 0).any(-1) & beh.both.any(-1)).nonzero()[:, 0].tolist()
+        if others:
+            sub = batch.rows(others, width=batch.input_ids.shape[1])
+            old[others] = _old_logprobs(engines, sub, cfg)
+            sel = beh.both[others]
+            rest = (float((beh.logprobs[others] - old[others])[sel].sum()), float(sel.sum()))
+    prep = Prepared(batch, old * mask, adv.float(), ret.float(), rewards, ref, values, is_weights, on_policy=lazy,
+                    behaviour_kl_rest=rest)
+    return prep, metrics
+
+
+@dataclass(frozen=True)
+class _Behaviour:
+    """A batch's behaviour log-probs as the update reads them: `logprobs` (B, T), 0 where unknown; `known`, where
+    they are known or not needed (off the mask); `both`, agent tokens with a known one."""
+
+    logprobs: torch.Tensor
+    known: torch.Tensor
+    both: torch.Tensor
+
+    @classmethod
+    def of(cls, batch: Batch) -> _Behaviour:
+        nan = torch.isnan(batch.behaviour_logprobs)
+        mask = batch.loss_mask
+        return cls(torch.nan_to_num(batch.behaviour_logprobs, nan=0.0), ~nan | (mask == 0), ~nan & (mask > 0))
+
+
+def _pi_old(engines: Engines, batch: Batch, cfg: TrainConfig, beh: _Behaviour,
+            metrics: dict[str, float]) -> tuple[torch.Tensor, bool, torch.Tensor | None]:
+    """(pi_old's log-probs (B, T), whether the update's own pass stands for them (`old_logprobs_from_update`: then
+    zeros here), the truncated importance weights with is_cap (else None)), as the run's old-log-prob source
+    says; the behaviour_kl and is_weight_mean metrics into `metrics`."""
+    mask = batch.loss_mask
+    lazy = old_logprobs_from_update(engines, batch, cfg)
+    recomputed = OLD_LOGPROB_SOURCES[cfg.old_logprobs].recomputed
+    if not recomputed:
+        if not bool(beh.known.all()):
+            bad = batch.episode_ids[int((~beh.known).any(-1).nonzero()[0, 0])]
+            raise TrajlakeError(f"episode {bad} has no behaviour log-probs (a text policy played it): use "
+                                "old_logprobs = recompute")
+        old = beh.logprobs * mask
+        # the ratio needs no pi_old, but how far the policy now is from the one that played is worth knowing
+        if beh.both.any():
+            metrics["behaviour_kl"] = float((beh.logprobs - _old_logprobs(engines, batch, cfg))[beh.both].mean())
+    elif lazy:
+        old = torch.zeros_like(mask)  # filled in by prepare for the rows the actor does not train on
+    else:
+        old = _old_logprobs(engines, batch, cfg)
+    is_weights = None
+    if cfg.is_cap is not None:
+        w = torch.exp((old - beh.logprobs).clamp(-20, 20)).clamp(max=cfg.is_cap)
+        is_weights = torch.where(beh.known & (mask > 0), w, torch.ones_like(w))
+        metrics["is_weight_mean"] = float(masked_mean(is_weights, mask))
+    if beh.both.any() and not lazy and recomputed:  # k1 estimate of KL(mu || pi_old)
+        metrics["behaviour_kl"] = float((beh.logprobs - old)[beh.both].mean())
+    return old, lazy, is_weights
+
+
+def _reference(engines: Engines, batch: Batch, cfg: TrainConfig, kl_ctl, keep: torch.Tensor, old: torch.Tensor,
+               metrics: dict[str, float]) -> tuple[torch.Tensor | None, torch.Tensor]:
+    """(the reference policy's log-probs where a KL anchor needs them, else None; the token rewards, less the KL
+    penalty where the run's KL placement puts it in the rewards)."""
+    rewards = batch.token_rewards.clone()
+    in_rewards = KL_PLACEMENTS[cfg.kl_mode].in_rewards
+    if engines.ref is None or not (bool(keep.any()) or in_rewards or not cfg.drop_zero_advantage):
+        return None, rewards
+    ref = per_token(batch, cfg, lambda s: forward_logprobs(engines.ref, s.input_ids, s.attention_mask,
+                                                              temperature=cfg.temperature)[0], engines)
+    if in_rewards:
+        rewards, m = apply_kl_penalty(rewards, old, ref, batch.loss_mask, kl_ctl.value, cfg.kl_estimator)
+        kl_ctl.update(m["kl"], batch.size)
+        metrics["kl"] = m["kl"]
+    return ref, rewards
+
+
+def _advantages(batch: Batch, cfg: TrainConfig, rewards: torch.Tensor, values: torch.Tensor | None,
+                keep: torch.Tensor, metrics: dict[str, float]) -> tuple[torch.Tensor, torch.Tensor]:
+    """(advantages, returns), both (B, T): the run's estimator, 0 for the groups the filter leaves out, raised to
+    advantage_floor where one is set; their mean and mean magnitude (and the share floored) into `metrics`."""
+    mask = batch.loss_mask
     adv, ret = ADVANTAGES[cfg.advantage_name](
         token_level_rewards=rewards, mask=mask, values=values, group_ids=batch.group_ids, gamma=cfg.gamma,
         lam=cfg.lam, whiten=cfg.whiten_advantages, norm_by_std=cfg.norm_adv_by_std,
@@ -168,18 +220,7 @@ def prepare(engines: Engines, batch: Batch, cfg: TrainConfig, kl_ctl) -> tuple[P
         metrics["adv_floored"] = float(floored.any(-1).float().mean())  # the share of sequences raised
         adv = torch.where(floored, torch.full_like(adv, cfg.advantage_floor), adv)
     metrics.update(adv_mean=float(adv[m].mean()), adv_abs_mean=float(adv[m].abs().mean()))
-    rest = (0.0, 0.0)
-    if lazy and cfg.drop_zero_advantage:  # pi_old of the rows left out of the update (no advantage) is
-        # needed only for the behaviour_kl metric
-        others = (~(adv * mask != 0).any(-1) & both.any(-1)).nonzero()[:, 0].tolist()
-        if others:
-            sub = batch.rows(others, width=batch.input_ids.shape[1])
-            old[others] = _old_logprobs(engines, sub, cfg)
-            sel = both[others]
-            rest = (float((behaviour[others] - old[others])[sel].sum()), float(sel.sum()))
-    prep = Prepared(batch, old * mask, adv.float(), ret.float(), rewards, ref, values, is_weights, on_policy=lazy,
-                    behaviour_kl_rest=rest)
-    return prep, metrics
+    return adv, ret
 
 
 def _context(engine, batch: Batch, rows: list[int], engines: Engines, n_micro: int) -> Context | None:
@@ -262,18 +303,11 @@ def actor_loss_terms(lp: torch.Tensor, ent: torch.Tensor, mask: torch.Tensor, cf
     return loss, m
 
 
-def rl_update(engines: Engines, prep: Prepared, cfg: TrainConfig, kl_ctl, *, seed: int,
-              train_actor: bool = True) -> dict[str, float]:
-    """cfg.epochs passes of shuffled mini-batches: the policy loss (+ entropy bonus, + KL loss) on the actor,
-    the value loss on the critic (ppo)."""
-    batch, meter, t0 = prep.batch, Meter(), time.perf_counter()
-    w_of = lambda sub: sub.input_ids.shape[1]  # noqa: E731
-    loss_kw = dict(agg_mode=cfg.agg_mode, norm_constant=cfg.norm_constant)
-
-    share = can_share_prefix(engines.actor)
-
-    def actor_loss(sub: Batch, idx: list[int], denom: float, context: Context | None = None):
-        w, mask = w_of(sub), sub.loss_mask.to(device())
+def _actor_loss(engines: Engines, prep: Prepared, cfg: TrainConfig, kl_ctl, meter: Meter, share: bool):
+    """The actor's micro-batch loss for `minibatch_step`: `(sub, idx, denom, context) -> (loss, metrics)` on rows
+    `idx` of the prepared batch (pi_old the update's own log-probs, detached, when `prep.on_policy`)."""
+    def loss(sub: Batch, idx: list[int], denom: float, context: Context | None = None):
+        w, mask = sub.input_ids.shape[1], sub.loss_mask.to(device())
         lp, ent = forward_logprobs(engines.actor, sub.input_ids, sub.attention_mask,
                                       temperature=cfg.temperature, entropy=True, start=first_scored(sub.loss_mask),
                                       share_prefix=share, context=context, entropy_grad=cfg.entropy_coef > 0)
@@ -290,13 +324,29 @@ def rl_update(engines: Engines, prep: Prepared, cfg: TrainConfig, kl_ctl, *, see
                                 is_weights=take(prep.is_weights, idx, w),
                                 ref_logprobs=take(prep.ref_logprobs, idx, w))
 
-    def critic_loss(sub: Batch, idx: list[int], denom: float):
-        w, mask = w_of(sub), sub.loss_mask.to(device())
+    return loss
+
+
+def _critic_loss(engines: Engines, prep: Prepared, cfg: TrainConfig):
+    """The critic's micro-batch loss for `minibatch_step`: the run's value loss on rows `idx`."""
+    def loss(sub: Batch, idx: list[int], denom: float):
+        w, mask = sub.input_ids.shape[1], sub.loss_mask.to(device())
         v = forward_values(engines.critic, sub.input_ids, sub.attention_mask)
         vl = VALUE_LOSSES[cfg.value_loss]
         return vl(values=v, old_values=take(prep.values, idx, w), returns=take(prep.returns, idx, w), mask=mask,
-                  denominator=denom, **loss_kw, **vl.settings(cfg))
+                  denominator=denom, agg_mode=cfg.agg_mode, norm_constant=cfg.norm_constant, **vl.settings(cfg))
 
+    return loss
+
+
+def rl_update(engines: Engines, prep: Prepared, cfg: TrainConfig, kl_ctl, *, seed: int,
+              train_actor: bool = True) -> dict[str, float]:
+    """cfg.epochs passes of shuffled mini-batches: the policy loss (+ entropy bonus, + KL loss) on the actor,
+    the value loss on the critic (ppo)."""
+    batch, meter, t0 = prep.batch, Meter(), time.perf_counter()
+    share = can_share_prefix(engines.actor)
+    actor_loss = _actor_loss(engines, prep, cfg, kl_ctl, meter, share)
+    critic_loss = _critic_loss(engines, prep, cfg)
     gen = torch.Generator().manual_seed(seed)
     tokens = 0
     signal = (prep.advantages * batch.loss_mask != 0).any(-1)
