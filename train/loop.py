@@ -50,7 +50,6 @@ def train(config: TrainConfig, lake: Lake | None) -> RunResult:
     if ALGOS[config.algo].loop == SFT_LOOP:
         return sft(config, lake)
     from trajlake.rewards import default_spec, load_spec
-    from trajlake.train.stored_rollouts import stored_data
 
     c = config
     spec = load_spec(c.reward_spec) if c.reward_spec else default_spec()
@@ -59,18 +58,7 @@ def train(config: TrainConfig, lake: Lake | None) -> RunResult:
     check_before_writing(r, spec)
     algo = ALGOS[c.algo]
     engines = r.build(critic=algo.needs_critic, ref=algo.needs_reference(c))
-    data = None
-    try:  # the lease is held since r.build
-        kl_ctl = make_kl_controller(c.kl_controller, c.kl_coef, c.kl_target, c.kl_horizon)
-        if "kl_controller" in r.state:
-            kl_ctl.load_state_dict(r.state["kl_controller"])
-        if c.train_filter:  # the stored rollouts, scored (the first write: every check above only read), pinned
-            pinned = r.stored.config.get("train_snapshot_read") if r.stored else None
-            data = on_main(r.main, lambda: stored_data(r.lake, c, spec, pinned))
-        r.start(**({"train_snapshot_read": data.snapshot} if data else {}))  # the run's row
-    except BaseException:
-        r.release()
-        raise
+    kl_ctl, data = _start_rl(r, spec)
     result = RunResult(r.run_id, r.policy_id, r.step)
     source = StoredRollouts(r, data, spec) if data is not None else FreshRollouts(r, engines, spec)
     streak = NoSignalStreak(c.temperature)
@@ -85,37 +73,7 @@ def train(config: TrainConfig, lake: Lake | None) -> RunResult:
             if guard["stopped"] and r.main:
                 bar.warn(f"stopped earlier: {guard['stopped']}; a new run id trains again")
             while r.step < c.iterations and not guard["stopped"]:
-                it = r.step
-                t0 = time.perf_counter()
-                got: IterationEpisodes = broadcast(source.episodes(it) if r.main else None)
-                if not got.seqs:
-                    raise TrajlakeError(f"iteration {it + 1}: the rollouts produced no agent tokens to train on")
-                t1 = time.perf_counter()
-                try:
-                    batch, m_upd = iteration_update(engines, got.seqs, c, kl_ctl, it)
-                except NonFiniteError as e:  # before its checkpoint: nothing of the iteration is stored
-                    raise e.stopped(r.run_id, f"iteration {it + 1}", c) from None
-                metrics = iteration_metrics(it, batch, m_upd, got, collect_s=t1 - t0, update_s=time.perf_counter() - t1)
-                if data is not None:  # the stored groups too small to use
-                    metrics.update(groups_left_out=data.small_groups)
-                warning = streak.update(metrics)
-                if warning and r.main:
-                    bar.warn(warning)
-                r.step = it + 1
-                row, path = r.checkpoint(engines, {"step": r.step, "kl_controller": kl_ctl.state_dict()})
-                if c.eval_every and (r.step % c.eval_every == 0 or r.step == c.iterations):
-                    metrics.update(evaluate(r, engines, row.policy_id, str(path), r.step))
-                    now = EvalPoint(r.step, metrics["eval_success"], metrics["eval_episodes"])
-                    why = regression(guard["start"], now) if c.stop_on_regression else None
-                    if why:
-                        metrics["stopped"] = guard["stopped"] = why
-                        if r.main:
-                            bar.warn(f"stopping: {why}")
-                if r.main:
-                    r.commit(step=r.step, metrics=metrics, snapshot_read=got.snapshot, policy=row,
-                             spec_id=spec.spec_id, episode_ids=tuple(s.episode_id for s in got.seqs))
-                barrier()
-                r.policy_id, r.model_path = row.policy_id, str(path)
+                metrics = _iteration(r, engines, source, spec, kl_ctl, data, streak, guard, bar)
                 result.policy_id, result.step = r.policy_id, r.step
                 result.history.append(metrics)
                 bar.update(r.step, metrics)
@@ -124,6 +82,66 @@ def train(config: TrainConfig, lake: Lake | None) -> RunResult:
         r.fail(e)
         raise
     return result
+
+
+def _start_rl(r: TrainRun, spec) -> tuple[Any, Any]:
+    """(the KL controller, restored on a resume; the stored rollouts of train_filter, scored and pinned, else
+    None), and the run's row written: the first write, every check before it only read. The lease (held since
+    `r.build`) is given back when this fails."""
+    from trajlake.train.stored_rollouts import stored_data
+
+    c = r.cfg
+    try:
+        kl_ctl = make_kl_controller(c.kl_controller, c.kl_coef, c.kl_target, c.kl_horizon)
+        if "kl_controller" in r.state:
+            kl_ctl.load_state_dict(r.state["kl_controller"])
+        data = None
+        if c.train_filter:
+            pinned = r.stored.config.get("train_snapshot_read") if r.stored else None
+            data = on_main(r.main, lambda: stored_data(r.lake, c, spec, pinned))
+        r.start(**({"train_snapshot_read": data.snapshot} if data else {}))  # the run's row
+    except BaseException:
+        r.release()
+        raise
+    return kl_ctl, data
+
+
+def _iteration(r: TrainRun, engines, source, spec, kl_ctl, data, streak: NoSignalStreak, guard: dict[str, Any],
+               bar: TrainProgress) -> dict[str, Any]:
+    """One RL iteration: its episodes (rank 0, broadcast), the update, the checkpoint, the held-out evaluation
+    when due (stopping the run on a regression), the train_steps row; returns its metrics."""
+    c, it = r.cfg, r.step
+    t0 = time.perf_counter()
+    got: IterationEpisodes = broadcast(source.episodes(it) if r.main else None)
+    if not got.seqs:
+        raise TrajlakeError(f"iteration {it + 1}: the rollouts produced no agent tokens to train on")
+    t1 = time.perf_counter()
+    try:
+        batch, m_upd = iteration_update(engines, got.seqs, c, kl_ctl, it)
+    except NonFiniteError as e:  # before its checkpoint: nothing of the iteration is stored
+        raise e.stopped(r.run_id, f"iteration {it + 1}", c) from None
+    metrics = iteration_metrics(it, batch, m_upd, got, collect_s=t1 - t0, update_s=time.perf_counter() - t1)
+    if data is not None:  # the stored groups too small to use
+        metrics.update(groups_left_out=data.small_groups)
+    warning = streak.update(metrics)
+    if warning and r.main:
+        bar.warn(warning)
+    r.step = it + 1
+    row, path = r.checkpoint(engines, {"step": r.step, "kl_controller": kl_ctl.state_dict()})
+    if c.eval_every and (r.step % c.eval_every == 0 or r.step == c.iterations):
+        metrics.update(evaluate(r, engines, row.policy_id, str(path), r.step))
+        now = EvalPoint(r.step, metrics["eval_success"], metrics["eval_episodes"])
+        why = regression(guard["start"], now) if c.stop_on_regression else None
+        if why:
+            metrics["stopped"] = guard["stopped"] = why
+            if r.main:
+                bar.warn(f"stopping: {why}")
+    if r.main:
+        r.commit(step=r.step, metrics=metrics, snapshot_read=got.snapshot, policy=row,
+                 spec_id=spec.spec_id, episode_ids=tuple(s.episode_id for s in got.seqs))
+    barrier()
+    r.policy_id, r.model_path = row.policy_id, str(path)
+    return metrics
 
 
 def _guard_state(r: TrainRun) -> dict[str, Any]:
@@ -172,16 +190,7 @@ def sft(config: TrainConfig, lake: Lake | None) -> RunResult:
     ones): cross-entropy on their response tokens, `sft_steps` optimizer steps of `minibatch_size`."""
     r = TrainRun(config, lake, "sft")
     c = config
-
-    def read() -> tuple[int, list]:
-        snap = c.sft_snapshot or (r.resume.snapshot_read if r.resume else None) or r.lake.current_snapshot()
-        if c.sft_snapshot is not None and c.sft_snapshot not in r.lake.snapshots()["snapshot_id"].to_list():
-            raise ConfigError(f"train config: sft_snapshot {c.sft_snapshot} is not a snapshot of the lake "
-                              "(trajlake snapshots lists them)")
-        check_episode_filter(r.lake, c.sft_filter, field="sft_filter", snapshot=snap)  # a bad filter names it
-        return snap, load_episodes(r.lake, c.sft_filter, snapshot=snap)
-
-    snap, seqs = on_main(r.main, read)
+    snap, seqs = on_main(r.main, lambda: _sft_episodes(r))
     if not seqs:
         raise ConfigError(f"train config: no episodes match sft_filter ({c.sft_filter}) at snapshot {snap} (episodes "
                           "that ended in an env error or hold no agent tokens never do)")
@@ -192,15 +201,8 @@ def sft(config: TrainConfig, lake: Lake | None) -> RunResult:
     except BaseException:
         r.release()
         raise
-    n, mb = batch.size, min(c.minibatch_size, batch.size)
-
-    @functools.lru_cache(maxsize=4)
-    def perm(epoch: int) -> list[int]:
-        return torch.randperm(n, generator=torch.Generator().manual_seed(c.seed * 100_003 + epoch)).tolist()
-
-    def rows_of(step: int) -> list[int]:  # a fixed stream of shuffled epochs, so a resumed run picks up exactly
-        return [perm(k // n)[k % n] for k in range(step * mb, (step + 1) * mb)]
-
+    n = batch.size
+    rows_of = _sft_rows(n, min(c.minibatch_size, n), c.seed)
     result = RunResult(r.run_id, r.policy_id, r.step)
     t0 = time.perf_counter()
     try:
@@ -234,6 +236,31 @@ def sft(config: TrainConfig, lake: Lake | None) -> RunResult:
         r.fail(e)
         raise
     return result
+
+
+def _sft_episodes(r: TrainRun) -> tuple[int, list]:
+    """Rank 0: (the snapshot SFT reads: sft_snapshot, else the one a resumed run read, else the latest; the
+    episodes sft_filter selects there). A snapshot the lake lacks, or a bad filter, is refused naming it."""
+    c = r.cfg
+    snap = c.sft_snapshot or (r.resume.snapshot_read if r.resume else None) or r.lake.current_snapshot()
+    if c.sft_snapshot is not None and c.sft_snapshot not in r.lake.snapshots()["snapshot_id"].to_list():
+        raise ConfigError(f"train config: sft_snapshot {c.sft_snapshot} is not a snapshot of the lake "
+                          "(trajlake snapshots lists them)")
+    check_episode_filter(r.lake, c.sft_filter, field="sft_filter", snapshot=snap)  # a bad filter names it
+    return snap, load_episodes(r.lake, c.sft_filter, snapshot=snap)
+
+
+def _sft_rows(n: int, mb: int, seed: int):
+    """`rows_of(step)`: the `mb` rows (of `n`) SFT step `step` trains on, from a fixed stream of shuffled epochs
+    (seeded by `seed`), so a resumed run picks up exactly where it stopped."""
+    @functools.lru_cache(maxsize=4)
+    def perm(epoch: int) -> list[int]:
+        return torch.randperm(n, generator=torch.Generator().manual_seed(seed * 100_003 + epoch)).tolist()
+
+    def rows_of(step: int) -> list[int]:
+        return [perm(k // n)[k % n] for k in range(step * mb, (step + 1) * mb)]
+
+    return rows_of
 
 
 def run(config: TrainConfig, lake_uri: str | None = None) -> RunResult:
