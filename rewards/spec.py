@@ -92,7 +92,6 @@ def parse_spec(text: str, source: str = "<spec>") -> RewardSpec:
     except tomllib.TOMLDecodeError as e:
         at = re.search(r"\(at line (\d+), column \d+\)", str(e))  # Python < 3.14 has no e.lineno
         raise SpecError(f"{source}:{at.group(1) if at else 1}: not valid TOML: {e}") from None
-    lines = _component_lines(text)
 
     def fail(msg: str, line: int = 0) -> SpecError:
         # errors about the whole file point at its first line
@@ -105,7 +104,20 @@ def parse_spec(text: str, source: str = "<spec>") -> RewardSpec:
     name = data.get("name")
     if not isinstance(name, str) or not name:
         raise fail("a spec needs a `name` (a non-empty string)", _key_line(text, "name"))
-    alloc = data.get("allocation", {})
+    allocation = _allocation(data.get("allocation", {}), text, fail)
+    raw = data.get("components")
+    if not isinstance(raw, list) or not raw:
+        raise fail("a spec needs at least one [[components]] entry", _key_line(text, "components"))
+    lines = _component_lines(text)
+    components: list[Component] = []
+    seen: set[str] = set()
+    for i, entry in enumerate(raw):
+        components.append(_component(i, dict(entry), lines[i] if i < len(lines) else 0, seen, fail))
+    return RewardSpec(name, tuple(components), allocation, source)
+
+
+def _allocation(alloc: Any, text: str, fail) -> Allocation:
+    """The [allocation] table, checked: a known strategy, gamma in (0, 1]."""
     if not isinstance(alloc, dict):
         raise fail("[allocation] must be a table", _key_line(text, "allocation"))
     extra = set(alloc) - {"strategy", "gamma"}
@@ -118,38 +130,34 @@ def parse_spec(text: str, source: str = "<spec>") -> RewardSpec:
     gamma = alloc.get("gamma", 1.0)
     if not isinstance(gamma, (int, float)) or not 0 < gamma <= 1:
         raise fail(f"allocation gamma must be in (0, 1], got {gamma!r}", _line_of(text, "[allocation]"))
-    raw = data.get("components")
-    if not isinstance(raw, list) or not raw:
-        raise fail("a spec needs at least one [[components]] entry", _key_line(text, "components"))
+    return Allocation(strategy, float(gamma))
 
+
+def _component(i: int, entry: dict, line: int, seen: set[str], fail) -> Component:
+    """The i-th [[components]] entry (at `line`), checked: its kind, weight, a name not in `seen` (added to it),
+    and its kind's own parameters."""
     from trajlake.rewards.components import kinds, validate_component
 
-    components: list[Component] = []
-    seen: set[str] = set()
-    for i, entry in enumerate(raw):
-        line = lines[i] if i < len(lines) else 0
-        entry = dict(entry)
-        kind = entry.pop("kind", None)
-        weight = entry.pop("weight", 1.0)
-        explicit = entry.pop("name", None)
-        cname = explicit or kind
-        if not isinstance(kind, str):
-            raise fail(f"component {i + 1}: needs a `kind` (one of {', '.join(kinds())}), got {kind!r}", line)
-        if not isinstance(weight, (int, float)) or isinstance(weight, bool):
-            raise fail(f"component {i + 1}: weight must be a number, got {weight!r}", line)
-        if cname in seen and explicit is None:  # unnamed components of one kind: goal, goal_2, ...
-            cname = f"{cname}_{i + 1}"
-        if cname in seen:
-            raise fail(f"component {i + 1}: name {cname!r} is used twice", line)
-        if not isinstance(cname, str) or not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", cname or ""):
-            raise fail(f"component {i + 1}: name {cname!r} must be an identifier", line)
-        seen.add(cname)
-        try:
-            params = validate_component(kind, entry)
-        except (TrajlakeError, ValueError, TypeError) as e:
-            raise fail(f"component {i + 1} ({kind}): {e}", line) from None
-        components.append(Component(kind, cname, float(weight), params, line))
-    return RewardSpec(name, tuple(components), Allocation(strategy, float(gamma)), source)
+    kind = entry.pop("kind", None)
+    weight = entry.pop("weight", 1.0)
+    explicit = entry.pop("name", None)
+    cname = explicit or kind
+    if not isinstance(kind, str):
+        raise fail(f"component {i + 1}: needs a `kind` (one of {', '.join(kinds())}), got {kind!r}", line)
+    if not isinstance(weight, (int, float)) or isinstance(weight, bool):
+        raise fail(f"component {i + 1}: weight must be a number, got {weight!r}", line)
+    if cname in seen and explicit is None:  # unnamed components of one kind: goal, goal_2, ...
+        cname = f"{cname}_{i + 1}"
+    if cname in seen:
+        raise fail(f"component {i + 1}: name {cname!r} is used twice", line)
+    if not isinstance(cname, str) or not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", cname or ""):
+        raise fail(f"component {i + 1}: name {cname!r} must be an identifier", line)
+    seen.add(cname)
+    try:
+        params = validate_component(kind, entry)
+    except (TrajlakeError, ValueError, TypeError) as e:
+        raise fail(f"component {i + 1} ({kind}): {e}", line) from None
+    return Component(kind, cname, float(weight), params, line)
 
 
 def _component_lines(text: str) -> list[int]:
