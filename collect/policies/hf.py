@@ -252,8 +252,22 @@ class HFPolicy(Policy):
         logits = self._forward(cache, ids, cols, max(r + width for r in reuse))
         span = max(len(p) for p in prompts)  # the last fed column + 1
 
-        # decode
-        pos = cols[:, -1]  # each row's last fed column
+        tokens, logprobs = self._decode(cache, logits, cols[:, -1], span, params)
+        by_row = self._generations(tokens.cpu(), logprobs.cpu())
+        gens = [by_row[row] for row in rows]
+        for key, row, p, g in zip(keys, rows, prompts, gens, strict=True):
+            # the slot now covers the prompt and the reply but its last token (never fed)
+            store.slots[lo + row].ids = p + g.token_ids[:-1]
+            if isinstance(key, tuple):
+                store.drop(key)
+        return gens
+
+    def _decode(self, cache, logits: torch.Tensor, pos: torch.Tensor, span: int,
+                params: SamplingParams) -> tuple[torch.Tensor, torch.Tensor]:
+        """Sample up to max_new_tokens for every row from the prefill's last `logits` (B, V), each row's last fed
+        column `pos` (B,), feeding each sampled token back, until every row has said a stop token; (tokens,
+        their log-probs), both (B, steps taken)."""
+        b, steps = logits.shape[0], params.max_new_tokens
         stop = torch.tensor(self.stop, dtype=torch.long, device=self.device)
         tokens = torch.empty((b, steps), dtype=torch.long, device=self.device)
         logprobs = torch.empty((b, steps), dtype=torch.float32, device=self.device)
@@ -268,15 +282,7 @@ class HFPolicy(Policy):
                 break
             pos, span = pos + 1, span + 1
             logits = self._forward(cache, nxt[:, None], pos[:, None], span)
-
-        by_row = self._generations(tokens[:, :taken].cpu(), logprobs[:, :taken].cpu())
-        gens = [by_row[row] for row in rows]
-        for key, row, p, g in zip(keys, rows, prompts, gens, strict=True):
-            # the slot now covers the prompt and the reply but its last token (never fed)
-            store.slots[lo + row].ids = p + g.token_ids[:-1]
-            if isinstance(key, tuple):
-                store.drop(key)
-        return gens
+        return tokens[:, :taken], logprobs[:, :taken]
 
     #: rows share a prefix when that saves reading at least this many tokens
     min_shared = MIN_SHARED_PREFIX
