@@ -40,42 +40,7 @@ import duckdb
 import pyarrow as pa
 from headline import Headline, add_json_option, write_rows
 from rewards_python import load_python_inputs, python_side, python_side_seed
-from synthetic import build_lake, synthetic_batch  # noqa: F401 (the viewer's bench imports them from here)
-
-SPEC = """
-name = "bench"
-
-[allocation]
-strategy = "discounted"
-gamma = 0.99
-
-[[components]]
-kind = "goal"
-weight = 1.0
-
-[[components]]
-kind = "format"
-weight = 0.2
-pattern = "<action>.*</action>"
-
-[[components]]
-kind = "length_penalty"
-weight = 1.0
-unit = "tokens"
-scope = "last"
-max = 40
-scale = 0.01
-
-[[components]]
-kind = "env_reward"
-weight = 0.5
-discount = 0.95
-
-[[components]]
-kind = "sql"
-weight = 0.5
-expr = "num_turns * 0.1"
-"""
+from synthetic import SPEC, build_lake, synthetic_batch  # noqa: F401 (the viewer's bench imports them from here)
 
 #: SPEC by hand, as someone who knows DuckDB would write it for these files: one window over the turns (each agent
 #: segment's start and the agent tokens up to it) on their way to one aggregate per episode (the components'

@@ -14,7 +14,8 @@ added at its peak (ru_maxrss after, less the resident size before):
   each; the synthetic data is made in the same process, untimed, one batch at a time; its arrays are part of the
   peak);
 * scan: `Lake.query` of the turns' count and token-list lengths;
-* rewards: `score(spans=True)` of a four-component spec with discounted allocation (bench/rewards.py's), stored;
+* rewards: `score(spans=True)` of the rewards bench's spec (bench/synthetic.py: five components, discounted
+  allocation), stored;
 * contamination: the `eval_contamination` view (lineage through train_steps, goals, held-out tasks);
 * viewer: the served viewer's slowest page of index, a run's first and last part, an episode and a compare page
   (bench/viewer.py's `served_side`, each the median of 3);
@@ -45,7 +46,7 @@ from pathlib import Path
 import numpy as np
 import pyarrow as pa
 from headline import Headline, add_json_option, write_rows
-from synthetic import synthetic_batch
+from synthetic import SPEC, synthetic_batch
 
 OPS = ("ingest", "scan", "rewards", "contamination", "viewer", "export", "maintain")
 TURNS_PER_EPISODE = 10
@@ -54,34 +55,6 @@ COLLECT_RUNS, TRAIN_STEPS = 4, 100
 APPENDS = 20  # a lake grows by many writes: the same number of appends at every size, so each has files to merge
 EVAL_SHARE = 0.01  # of the episodes: the eval run's
 EXPORT_EPISODES = 10_000
-SPEC = """
-name = "scale"
-
-[allocation]
-strategy = "discounted"
-gamma = 0.99
-
-[[components]]
-kind = "goal"
-weight = 1.0
-
-[[components]]
-kind = "format"
-weight = 0.2
-pattern = "<action>.*</action>"
-
-[[components]]
-kind = "length_penalty"
-weight = 1.0
-unit = "tokens"
-scope = "last"
-max = 40
-scale = 0.01
-
-[[components]]
-kind = "env_reward"
-weight = 0.5
-"""
 
 
 def parse_args(argv=None) -> argparse.Namespace:

@@ -21,6 +21,43 @@ ACTIONS = [
 ]
 OBSERVATIONS = ["You are in a kitchen. There is a drawer.", "You see a key.", "Nothing happens.",
                 "The door is locked.", "You are in the hall."]
+#: the spec the rewards and scale benches recompute over these lakes: every component kind that reads the turns
+#: (goal, format, length penalty, env reward, SQL), discounted allocation
+SPEC = """
+name = "bench"
+
+[allocation]
+strategy = "discounted"
+gamma = 0.99
+
+[[components]]
+kind = "goal"
+weight = 1.0
+
+[[components]]
+kind = "format"
+weight = 0.2
+pattern = "<action>.*</action>"
+
+[[components]]
+kind = "length_penalty"
+weight = 1.0
+unit = "tokens"
+scope = "last"
+max = 40
+scale = 0.01
+
+[[components]]
+kind = "env_reward"
+weight = 0.5
+discount = 0.95
+
+[[components]]
+kind = "sql"
+weight = 0.5
+expr = "num_turns * 0.1"
+"""
+
 INFOS = ['{"score": 0.25, "valid": true}', '{"valid": true}', '{"valid": false}', '{"score": 0.5}', "{}", None]
 
 
