@@ -16,6 +16,7 @@ import pyarrow.compute as pc
 
 from trajlake.core.sql_text import sql_str
 from trajlake.rewards.spec import RewardSpec
+from trajlake.schemas.allocations import ALLOCATIONS, Segment
 
 #: the frame every segment column shares (one sort of the turns by episode and turn)
 SEGMENT_WINDOW = "WINDOW upto AS (PARTITION BY episode_id ORDER BY turn ROWS UNBOUNDED PRECEDING)"
@@ -25,46 +26,38 @@ SPANS_SCHEMA = pa.schema([("spec_id", pa.string()), ("episode_id", pa.string()),
                           ("position", pa.int64()), ("length", pa.int32()), ("reward", pa.float64())])
 
 
-def segment_columns(per_turn: bool) -> str:
+def segment_columns(process: bool) -> str:
     """Window columns over the scored turns: where the turn's agent tokens start in the episode's sequence, the
-    agent tokens up to and including them, and (per_turn) the running total of process rewards. The view's own
-    expressions: its counts are INTEGER sums (a HUGEINT window sum of BIGINT is several times slower)."""
+    agent tokens up to and including them, and (for a strategy that reads process rewards) their running total.
+    The view's own expressions: its counts are INTEGER sums (a HUGEINT window sum of BIGINT is several times
+    slower)."""
     cols = (", CAST(sum(num_prompt_tokens + num_response_tokens) OVER upto - num_response_tokens AS BIGINT) "
             "AS seg__start, CAST(sum(num_response_tokens) OVER upto AS BIGINT) AS seg__upto")
-    if per_turn:
+    if process:
         cols += (", sum(CASE WHEN num_response_tokens > 0 THEN seg__process ELSE 0 END) OVER upto "
                  "AS seg__process_total")
     return cols
 
 
-def segment_aggregates(per_turn: bool) -> dict[str, str]:
+def segment_aggregates(process: bool) -> dict[str, str]:
     """Per episode: its agent tokens, and its segments (turns with agent tokens) as a list, in no order."""
     fields = "'turn': turn, 'start': seg__start, 'n': num_response_tokens, 'upto': seg__upto"
-    if per_turn:
+    if process:
         fields += ", 'process': seg__process, 'process_total': seg__process_total"
     return {"seg__agent": "CAST(sum(num_response_tokens) AS BIGINT)",
             "seg__list": f"list({{{fields}}}) FILTER (WHERE num_response_tokens > 0)"}
 
 
 def spans_sql(spec: RewardSpec) -> str:
-    """The spans of an episode from its segment list and `total`: reward_spans' CASE for the spec's strategy,
-    with its every-token spans (start, n) and single-token ones (the segment's last token)."""
-    strategy = spec.allocation.strategy
-    after = "(seg__agent - s.upto)"
-    if strategy == "last_token":
-        reward, every = f"CASE WHEN {after} = 0 THEN total ELSE 0 END", "false"
-    elif strategy == "uniform_positive":
-        reward = f"CASE WHEN total > 0 THEN total / seg__agent WHEN {after} = 0 THEN total ELSE 0 END"
-        every = "total > 0"
-    elif strategy == "discounted":
-        # the gamma the view parses from the stored spec's JSON: the same double, read from the same text
-        gamma = f"CAST({sql_str(repr(float(spec.allocation.gamma)))} AS DOUBLE)"
-        reward, every = f"total * pow({gamma}, {after}) / s.n", "true"
-    elif strategy == "per_turn":
-        reward = f"s.process + CASE WHEN {after} = 0 THEN total - s.process_total ELSE 0 END"
-        every = "false"
-    else:
-        raise ValueError(f"no allocation strategy {strategy!r}")
+    """The spans of an episode from its segment list and `total`: the spec's strategy's expressions (the ones
+    reward_spans' CASE holds for it, schemas/allocations.py), with its every-token spans (start, n) and
+    single-token ones (the segment's last token)."""
+    # the gamma the view parses from the stored spec's JSON: the same double, read from the same text
+    gamma = f"CAST({sql_str(repr(float(spec.allocation.gamma)))} AS DOUBLE)"
+    seg = Segment(total="total", after="(seg__agent - s.upto)", agent="seg__agent", n="s.n", gamma=gamma,
+                  process="s.process", process_total="s.process_total")
+    strategy = ALLOCATIONS[spec.allocation.strategy]
+    reward, every = strategy.reward(seg), strategy.every_token(seg)
     span = (f"{{'turn': s.turn, 'position': CASE WHEN {every} THEN s.start ELSE s.start + s.n - 1 END, "
             f"'length': CASE WHEN {every} THEN s.n ELSE 1 END, 'reward': {reward}}}")
     return f"list_filter(list_transform(seg__list, s -> {span}), s -> s.reward <> 0) AS spans"

@@ -12,6 +12,7 @@ from trajlake.core.sql_text import sql_str
 from trajlake.rewards import allocation
 from trajlake.rewards.components import get_kind
 from trajlake.rewards.spec import RewardSpec
+from trajlake.schemas.allocations import ALLOCATIONS
 
 #: Columns a python component's function receives, besides every episodes column.
 PY_INPUT_SQL = """
@@ -76,14 +77,15 @@ def compile_query(spec: RewardSpec, *, where: str | None = None, only_new: bool 
     tcols = "".join(f", {sql} AS {alias}" for alias, sql in turn_columns(spec).items())
     # with spans: the turns pass one window (each segment's place) on their way to the aggregates, which also
     # collect the segments; the spans are made from them once the total is known
-    per_turn = spec.allocation.strategy == "per_turn"
+    reads_process = ALLOCATIONS[spec.allocation.strategy].process
     source, seg_cte, seg_out, spans_out = "tu", "", "", ""
     if spans:
-        process = process_reward_sql(spec) if per_turn else None
-        tcols += f", {process or 'CAST(0 AS DOUBLE)'} AS seg__process" if per_turn else ""
-        seg_cte = f"seg AS (SELECT *{allocation.segment_columns(per_turn)} FROM tu {allocation.SEGMENT_WINDOW}),\n"
+        process = process_reward_sql(spec) if reads_process else None
+        tcols += f", {process or 'CAST(0 AS DOUBLE)'} AS seg__process" if reads_process else ""
+        seg_cte = (f"seg AS (SELECT *{allocation.segment_columns(reads_process)} FROM tu "
+                   f"{allocation.SEGMENT_WINDOW}),\n")
         source = "seg"
-        aggregates.update(allocation.segment_aggregates(per_turn))
+        aggregates.update(allocation.segment_aggregates(reads_process))
         seg_out, spans_out = ", agg.seg__agent, agg.seg__list", ", " + allocation.spans_sql(spec)
     agg_sql = ", ".join(f"{sql} AS {alias}" for alias, sql in aggregates.items())
     agg_cte = (f"agg AS (SELECT episode_id, {agg_sql} FROM {source} GROUP BY episode_id)" if aggregates

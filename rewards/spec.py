@@ -24,8 +24,10 @@ from pathlib import Path
 from typing import Any
 
 from trajlake.core.errors import TrajlakeError
+from trajlake.schemas.allocations import ALLOCATIONS
 
-STRATEGIES = ("last_token", "uniform_positive", "discounted", "per_turn")
+#: the allocation strategies a spec may name, as registered (schemas/allocations.py), in registration order
+STRATEGIES = tuple(ALLOCATIONS)
 
 
 class SpecError(TrajlakeError):
@@ -124,8 +126,8 @@ def _allocation(alloc: Any, text: str, fail) -> Allocation:
     if extra:
         raise fail(f"[allocation]: unknown key(s) {', '.join(sorted(extra))}", _line_of(text, "[allocation]"))
     strategy = alloc.get("strategy", "last_token")
-    if strategy not in STRATEGIES:
-        raise fail(f"unknown allocation strategy {strategy!r}; valid: {', '.join(STRATEGIES)}",
+    if strategy not in ALLOCATIONS:
+        raise fail(f"unknown allocation strategy {strategy!r}; valid: {', '.join(ALLOCATIONS)}",
                    _line_of(text, "[allocation]"))
     gamma = alloc.get("gamma", 1.0)
     if not isinstance(gamma, (int, float)) or not 0 < gamma <= 1:

@@ -11,7 +11,7 @@ from tests import test_rewards_query as query_tests
 from tests.test_rewards_query import SETTINGS, append, batch_st, check_against_reference, spec_st
 from trajlake.rewards import SPECS_DIR, load_spec, parse_spec
 from trajlake.rewards.score import score
-from trajlake.rewards.spec import STRATEGIES
+from trajlake.rewards.spec import STRATEGIES, SpecError
 from trajlake.schemas import Episode, Turn
 from trajlake.store import Lake
 
@@ -75,3 +75,25 @@ def test_shipped_specs_spans_equal_the_view(lake, name):
     # a re-run scores nothing and allocates nothing
     again = score(lake, spec, spans=True)
     assert again.scored == 0 and again.spans.num_rows == 0 and again.snapshot is None
+
+
+def test_a_strategy_registered_once_allocates_alike_in_the_view_and_the_query(lake):
+    """A new allocation strategy is one `ALLOCATIONS.add`: a spec may name it, the scoring query allocates with
+    it, and the reward_spans view (made when a query reads it) holds the same rows."""
+    from trajlake.schemas.allocations import ALLOCATIONS, Allocation
+
+    text = 'name = "first"\n[allocation]\nstrategy = "test_first_segment"\n[[components]]\nkind = "goal"\n'
+    ALLOCATIONS.add("test_first_segment", Allocation(  # R on every token of the first agent segment
+        reward=lambda s: f"CASE WHEN {s.after} = {s.agent} - {s.n} THEN {s.total} / {s.n} ELSE 0 END",
+        every_token=lambda s: "true"))
+    try:
+        lake.append({"episodes": [Episode("e", status="ok", success=True, num_turns=2)],
+                     "turns": [Turn("e", 0, prompt_token_ids=[1, 2], response_token_ids=[3, 4]),
+                               Turn("e", 1, prompt_token_ids=[5], response_token_ids=[6, 7, 8])]}, stage="test")
+        spec = parse_spec(text)
+        result = score(lake, spec, spans=True)
+        assert rows(result.spans) == view_rows(lake, spec.spec_id, "true") == [(spec.spec_id, "e", 0, 2, 2, 0.5)]
+    finally:
+        ALLOCATIONS.unregister("test_first_segment")
+    with pytest.raises(SpecError, match="unknown allocation strategy 'test_first_segment'"):
+        parse_spec(text)

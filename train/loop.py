@@ -21,6 +21,7 @@ from typing import Any
 import torch
 
 from trajlake.core.errors import TrajlakeError
+from trajlake.schemas.allocations import ALLOCATIONS
 from trajlake.store import Lake
 from trajlake.train.algos import ADVANTAGES, ALGOS, SFT_LOOP, make_kl_controller
 from trajlake.train.batch import check_episode_filter, collate, load_episodes
@@ -165,7 +166,7 @@ def check_before_writing(r: TrainRun, spec) -> None:
         on_main(r.main, lambda: check_train_filter(r.lake, c))
     if c.replay_filter:
         on_main(r.main, lambda: check_episode_filter(r.lake, c.replay_filter, field="replay_filter"))
-    if ADVANTAGES[c.advantage_name].turn_level and spec.allocation.strategy == "discounted":
+    if ADVANTAGES[c.advantage_name].turn_level and ALLOCATIONS[spec.allocation.strategy].discounts:
         raise ConfigError(f"train config: advantage {c.advantage_name} discounts across turns itself (gamma); the "
                           f"reward_spec {spec.name} discounts them in its allocation too: use allocation last_token "
                           "or per_turn")
