@@ -34,17 +34,17 @@ from collections.abc import Callable, Iterator, Mapping
 from trajlake.schemas.allocations import ALLOCATIONS, Segment, by_strategy
 from trajlake.schemas.lineage_views import EPISODE_GOALS_SQL, EVAL_CONTAMINATION_SQL, POLICY_TRAINING_EPISODES_SQL
 
+#: the view's names for a segment's values (segs' columns)
+_VIEW_SEGMENT = Segment(total="total", after="after", agent="agent_total", n="n", gamma="gamma", process="process",
+                        process_total="process_total")
+
+
 # One pass over the turns of the scored episodes: their token counts, then one window (every frame over the
 # same partition and order, so one sort) for each agent segment's start position, the agent tokens after it,
 # the episode's agent tokens and the running total of its process rewards. `after = 0` marks the last
 # segment (no agent token follows it), `n > 0` the turns that have agent tokens. (Two UNION ALL branches, one
 # for per_turn with the turn_rewards join and one without it, were no faster and made DuckDB 1.5.5 hang when
 # the query had a prepared parameter.)
-#: the view's names for a segment's values (segs' columns)
-_VIEW_SEGMENT = Segment(total="total", after="after", agent="agent_total", n="n", gamma="gamma", process="process",
-                        process_total="process_total")
-
-
 def reward_spans_sql() -> str:
     """reward_spans' query, with every strategy registered in ALLOCATIONS now (one registered after import is
     in it too)."""
