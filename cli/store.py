@@ -31,12 +31,9 @@ def sql(
     if file is not None:
         if query is not None:
             raise TrajlakeError("give the SQL either as an argument or with --file, not both")
-        try:
-            query = file.read_text()
-        except OSError as e:
-            raise TrajlakeError(f"cannot read SQL file {file}: {e.strerror}") from None
-        except UnicodeDecodeError:  # a binary file (the lake's catalog, say) named by mistake
-            raise TrajlakeError(f"cannot read SQL file {file}: not UTF-8 text") from None
+        from trajlake.core.text_files import read_text_file
+
+        query = read_text_file(file, "SQL file")  # bounded: /dev/zero or a huge file named by mistake
     with open_lake(read_only=True) as lake:
         if query is None:
             display.shell(lake, snapshot=snapshot)

@@ -66,17 +66,19 @@ def refuse_a_held_run(config: Path, overrides: dict) -> None:
 
     from trajlake.core.errors import TrajlakeError
     from trajlake.core.ids import check_id
+    from trajlake.core.text_files import read_text_file
     from trajlake.store.lease import RunLeasedError, check
 
     try:
-        run_id = check_id(overrides.get("run_id") or tomllib.loads(config.read_text()).get("run_id"))
+        run_id = check_id(overrides.get("run_id") or tomllib.loads(read_text_file(config, "train config"))
+                          .get("run_id"))
         if run_id is None:
             return  # a new run id is generated: no other process can hold it
         with open_lake(read_only=True) as lake:
             check(lake, run_id)
     except RunLeasedError:
         raise
-    except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError, TrajlakeError):
+    except (OSError, UnicodeDecodeError, RecursionError, tomllib.TOMLDecodeError, TrajlakeError):
         return
 
 

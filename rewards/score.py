@@ -121,11 +121,11 @@ def check_where(where: str | None) -> None:
     if where is None:
         return
     try:
-        parse_expression(where, "where")  # DuckDB's parse, nesting past MAX_DEPTH refused first
+        parse_expression(where, "--where")  # DuckDB's parse, nesting past MAX_DEPTH refused first
     except duckdb.Error as e:
-        raise TrajlakeError(f"where {where!r} is not one SQL expression over episodes columns: "
+        raise TrajlakeError(f"--where {where!r} is not one SQL expression over episodes columns: "
                             f"{str(e).strip().splitlines()[0]}") from None
-    check_filter(where, "where")  # and it runs on the connection that writes: no table or catalog function
+    check_filter(where, "--where")  # and it runs on the connection that writes: no table or catalog function
 
 
 def score(lake: Lake, spec: RewardSpec, *, snapshot: int | None = None, where: str | None = None,

@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from trajlake.core.errors import TrajlakeError
+from trajlake.core.text_files import read_text_file
 from trajlake.schemas.allocations import ALLOCATIONS
 
 #: the allocation strategies a spec may name, as registered (schemas/allocations.py), in registration order
@@ -81,10 +82,7 @@ class RewardSpec:
 
 def load_spec(path: str | Path) -> RewardSpec:
     """Read and validate a spec file."""
-    path = Path(path)
-    if not path.is_file():
-        raise SpecError(f"{path}: no such spec file")
-    return parse_spec(path.read_text(), source=str(path))
+    return parse_spec(read_text_file(path, "spec file", error=SpecError), source=str(path))
 
 
 def parse_spec(text: str, source: str = "<spec>") -> RewardSpec:
@@ -94,6 +92,8 @@ def parse_spec(text: str, source: str = "<spec>") -> RewardSpec:
     except tomllib.TOMLDecodeError as e:
         at = re.search(r"\(at line (\d+), column \d+\)", str(e))  # Python < 3.14 has no e.lineno
         raise SpecError(f"{source}:{at.group(1) if at else 1}: not valid TOML: {e}") from None
+    except RecursionError:  # tomllib parses nested arrays and tables recursively
+        raise SpecError(f"{source}: not a spec: its values nest too deep for TOML's reader") from None
 
     def fail(msg: str, line: int = 0) -> SpecError:
         # errors about the whole file point at its first line

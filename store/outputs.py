@@ -11,7 +11,10 @@ which refuses it when it is, or lies inside, one of the lake's own:
 * by identity (device and inode, as `os.path.samefile` compares): a path resolving elsewhere can still be a
   lake file under another name: a hard link to the catalog or a data file (`cp -al lake backup` makes them for
   every file), or a folder of the lake reached through a bind mount. The lake's files and folders are listed
-  once per check (bounded by the lake) and the target and each of its folders compared with them.
+  once per check (bounded by the lake) and the target and each of its folders compared with them;
+* inside an existing folder given as the target: `save_pretrained`, DeepSpeed and tensorboard write their
+  files in place, so a hard link (or a symlink) to a lake file planted as `DIR/config.json` would be written
+  through. Every entry under the folder, at most `MAX_FOLDER_ENTRIES` of them, is compared with the lake's.
 
 A symlink loop is refused by name. Files are then written beside their target and renamed over it
 (core/atomic.py), so even a link this check cannot see (made after it) keeps its content.
@@ -28,6 +31,9 @@ from trajlake.store.uri import CatalogURI
 
 #: a file's identity: (device, inode)
 Identity = tuple[int, int]
+#: the most entries an existing output folder may hold for its check (an output folder is a checkpoint or model
+#: folder, a few thousand files at most; past this the walk would cost more than the write it guards)
+MAX_FOLDER_ENTRIES = 100_000
 
 
 class OutputPathError(TrajlakeError):
@@ -105,12 +111,37 @@ def _refuse_by_identity(catalog: CatalogURI, target: Path, path: str | Path, wha
             continue
         key = (st.st_dev, st.st_ino)
         if candidate == target and key in file_ids:
-            raise OutputPathError(f"{what} {path} is inside the lake ({lake_where(catalog)}): it is the lake's "
-                                  f"file {file_ids[key]} under another name (a hard link?); write outputs elsewhere")
+            raise OutputPathError(f"{what} {path} is the lake's file {file_ids[key]} under another name (a hard "
+                                  "link?); write outputs elsewhere")
         if key in folder_ids:
-            raise OutputPathError(f"{what} {path} is inside the lake ({lake_where(catalog)}): {candidate} is the "
-                                  f"lake's folder {folder_ids[key]} under another name (a bind mount?); write outputs "
-                                  "elsewhere")
+            raise OutputPathError(f"{what} {path} is inside the lake: {candidate} is the lake's folder "
+                                  f"{folder_ids[key]} under another name (a bind mount?); write outputs elsewhere")
+    if os.path.isdir(target):
+        _refuse_lake_entries(target, file_ids, folder_ids, path, what)
+
+
+def _refuse_lake_entries(folder: Path, file_ids: dict[Identity, str], folder_ids: dict[Identity, str],
+                         path: str | Path, what: str) -> None:
+    """OutputPathError when an entry under `folder` is, or links to, a lake file or folder (a writer that writes
+    in place would write through it), or when the folder holds more than MAX_FOLDER_ENTRIES entries."""
+    seen = 0
+    for parent, dirs, names in os.walk(folder):
+        for name in dirs + names:
+            seen += 1
+            if seen > MAX_FOLDER_ENTRIES:
+                raise OutputPathError(f"{what} {path} already holds more than {MAX_FOLDER_ENTRIES} entries: name "
+                                      "an empty or new folder")
+            entry = os.path.join(parent, name)
+            for stat_of in (os.lstat, os.stat):  # the entry itself, and what a symlink points at
+                try:
+                    st = stat_of(entry)
+                except OSError:  # a dangling link or a loop: nothing of the lake behind it
+                    continue
+                lake_file = file_ids.get((st.st_dev, st.st_ino)) or folder_ids.get((st.st_dev, st.st_ino))
+                if lake_file is not None:
+                    raise OutputPathError(f"{what} {path} holds {entry}, which is the lake's {lake_file} under "
+                                          "another name (a hard link or a symlink): a write there would reach the "
+                                          "lake; remove it or write elsewhere")
 
 
 def lake_where(catalog: CatalogURI) -> str:
@@ -135,4 +166,4 @@ def check_output_path(catalog: CatalogURI, path: str | Path, what: str) -> Path:
     return target
 
 
-__all__ = ["OutputPathError", "check_output_path", "lake_identities", "lake_paths", "lake_where"]
+__all__ = ["MAX_FOLDER_ENTRIES", "OutputPathError", "check_output_path", "lake_identities", "lake_paths", "lake_where"]

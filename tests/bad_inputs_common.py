@@ -128,6 +128,7 @@ def setting(request, tmp_path_factory, tiny):
         data = Path(lk.catalog.data_path) if getattr(lk.catalog, "data_path", None) else None
     (work / "a-file.txt").write_text("not a lake\n")
     (work / "bad.toml").write_text("name = [unclosed\n")
+    (work / "deep.toml").write_text("name = " + "[" * 5000 + "]" * 5000 + "\n")  # past tomllib's recursion
     (work / "one.jsonl").write_text('{"item_id": "x", "conversations": []}\n')
     (work / "out").mkdir()  # the folder a case that may write writes into
     spec = work / "spec.toml"
@@ -143,7 +144,7 @@ def setting(request, tmp_path_factory, tiny):
     os.link(catalog if catalog is not None else data_file, work / "hardlink-to-catalog")
     os.link(data_file, work / "hardlink-to-data.parquet")
     values = {"lake": lake, "tmp": str(work), "root": str(root), "tiny": str(tiny), "file": str(work / "a-file.txt"),
-              "bad_toml": str(work / "bad.toml"), "spec": str(spec), "jsonl": str(work / "one.jsonl"),
+              "bad_toml": str(work / "bad.toml"), "deep_toml": str(work / "deep.toml"), "spec": str(spec), "jsonl": str(work / "one.jsonl"),
               "out": str(work / "out"), "catalog": str(target), "data": str(data),
               "train_toml": str(work / "train.toml"), "backend": request.param}
     start = lake_state(lake)

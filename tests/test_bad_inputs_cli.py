@@ -197,6 +197,16 @@ EXTRA = [
     case([*L, "sql", "SELECT 'a\x1b[2Jb' AS x", "-f", "csv"], 0, id="sql control characters in a literal: fine"),
     case([*L, "sql", "SELECT 'ü名<script>' AS x"], 0, id="sql unicode and html in a literal: fine"),
     case([*L, "sql", "--file", "{catalog}"], 1, "cannot read SQL file", id="sql --file the catalog"),
+    # files read whole grew until MemoryError (an internal error): read at most a cap, whatever the file is
+    case([*L, "sql", "--file", "/dev/zero"], 1, "larger than 1 MiB", id="sql --file endless"),
+    case([*L, "train", "--config", "/dev/zero"], 1, "larger than 1 MiB", id="train --config endless"),
+    case([*L, "rewards", "--spec", "/dev/urandom"], 1, "larger than 1 MiB", id="rewards --spec endless"),
+    case([*EVALUATE, "--spec", "/dev/zero"], 1, "larger than 1 MiB", id="evaluate --spec endless"),
+    case([*L, "train", "--config", "{tmp}"], 1, "it is a folder", id="train --config a folder"),
+    # tomllib parses nesting recursively (RecursionError): refused as not a config or spec
+    case([*L, "train", "--config", "{deep_toml}"], 1, "nest too deep", id="train --config nested deep"),
+    case([*L, "rewards", "--spec", "{deep_toml}"], 1, "nest too deep", id="rewards --spec nested deep"),
+    case([*DIFF[:-1], "{deep_toml}"], 1, "nest too deep", id="rewards diff nested deep"),
     case([*L, "export", "{out}/x.parquet", "--query", ""], 1, "no SQL statement given", id="export empty query"),
     case([*L, "maintain", "--expire-older-than", "36501d", "--grace", "soon"], 1, "", id="maintain two bad"),
     case([*L, "collect", "--env", "doors", "--policy", "scripted:doors", "--tokenizer", "{tiny}", "--tasks",

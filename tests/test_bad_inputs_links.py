@@ -20,7 +20,6 @@ import pytest
 
 from tests.bad_inputs_common import TRAIN_TOML, lake_state
 from trajlake.cli import main
-from trajlake.core.atomic import PREFIX
 from trajlake.schemas import Episode
 from trajlake.store import Lake
 from trajlake.store.outputs import OutputPathError
@@ -88,7 +87,7 @@ def test_a_hard_link_to_a_lake_file_is_refused_as_every_output(linked, which, na
     before, link_before = lake_hashes(linked), link.read_bytes()
     rc, lines = run(linked, [a.replace("{path}", str(link)) for a in argv], capsys)
     assert rc == 1 and len(lines) == 1, lines
-    assert lines[0].startswith("error: ") and "inside the lake" in lines[0] and "hard link" in lines[0], lines
+    assert lines[0].startswith("error: ") and "the lake's file" in lines[0] and "under another name" in lines[0], lines
     assert str(link) in lines[0]
     assert lake_hashes(linked) == before and link.read_bytes() == link_before
 
@@ -115,20 +114,63 @@ def test_a_hard_link_outside_the_lake_is_written_and_its_other_name_keeps_its_co
     assert sorted(os.listdir(tmp_path)) == ["mine.out", "other.out"]
 
 
-@pytest.mark.parametrize("command", ["view", "report"])
-def test_pages_written_over_planted_hard_links_leave_the_lake_alone(linked, command, tmp_path, capsys):
-    """An output folder holding hard links to lake files at the names the pages take (index.html, a plot):
-    each page is written beside its name and renamed over it, so the lake files keep their content."""
+#: the outputs that name a folder, with the file name each writes first in it
+FOLDER_OUTPUTS = [(name, argv) for name, argv in OUTPUTS if name in ("view --out", "report --out",
+                                                                    "model tiny --out", "export --dataset")]
+
+
+@pytest.mark.parametrize("planted", ["hard link", "symlink"])
+@pytest.mark.parametrize("name,argv", FOLDER_OUTPUTS, ids=[o[0] for o in FOLDER_OUTPUTS])
+def test_a_folder_holding_a_lake_file_under_another_name_is_refused(linked, planted, name, argv, tmp_path, capsys):
+    """An existing output folder holding another name of a lake file at a name its writer takes (a model's
+    config.json, the viewer's index.html): save_pretrained writes such files in place, through the link, and
+    destroyed the catalog. Refused in one line naming the entry, nothing written, the lake byte-identical."""
+    if "catalog" not in linked["links"]:
+        pytest.skip("a PostgreSQL catalog is no file")
     site = tmp_path / "site"
     site.mkdir()
-    os.link(linked["links"]["data"], site / "index.html")
-    os.link(linked["links"]["data"], site / "rewards.png")
+    for entry in ("config.json", "index.html", "report.html", "dataset_info.json"):
+        if planted == "hard link":
+            os.link(linked["links"]["catalog"], site / entry)
+        else:
+            (site / entry).symlink_to(linked["catalog"])
     before = lake_hashes(linked)
-    rc, lines = run(linked, [command, "--out", str(site)], capsys)
-    assert rc == 0, lines
+    rc, lines = run(linked, [a.replace("{path}", str(site)) for a in argv], capsys)
+    assert rc == 1 and len(lines) == 1, lines
+    assert "under another name" in lines[0] and str(site) in lines[0], lines
     assert lake_hashes(linked) == before
-    assert "<html" in (site / "index.html").read_text(encoding="utf-8")
-    assert not [p for p in site.rglob("*") if p.name.startswith(PREFIX)]
+    assert sorted(p.name for p in site.iterdir()) == ["config.json", "dataset_info.json", "index.html",
+                                                       "report.html"]
+
+
+def test_checkpoint_dir_holding_a_lake_file_under_another_name_is_refused(linked, tiny, tmp_path, capsys):
+    """A train config's existing checkpoint_dir with a hard link to the catalog inside: refused before the
+    lease, the model or the engines (DeepSpeed and tensorboard write in place)."""
+    if "catalog" not in linked["links"]:
+        pytest.skip("a PostgreSQL catalog is no file")
+    ckpt = tmp_path / "ckpt"
+    (ckpt / "step-1").mkdir(parents=True)
+    os.link(linked["links"]["catalog"], ckpt / "step-1" / "model.safetensors")
+    config = tmp_path / "train.toml"
+    config.write_text(TRAIN_TOML.format(tiny=tiny) + f'checkpoint_dir = "{ckpt}"\n')
+    state, hashes = lake_state(linked["uri"]), lake_hashes(linked)
+    rc, lines = run(linked, ["train", "--config", str(config)], capsys)
+    assert rc == 1 and len(lines) == 1 and "checkpoint_dir" in lines[0] and "under another name" in lines[0], lines
+    assert lake_state(linked["uri"]) == state and lake_hashes(linked) == hashes
+
+
+def test_an_output_folder_past_the_entry_cap_is_refused(linked, tmp_path, monkeypatch, capsys):
+    from trajlake.store import outputs
+
+    if linked["backend"] != "duckdb":
+        pytest.skip("the walk does not depend on the catalog")
+    monkeypatch.setattr(outputs, "MAX_FOLDER_ENTRIES", 3)
+    site = tmp_path / "site"
+    site.mkdir()
+    for i in range(4):
+        (site / f"f{i}").write_text("x")
+    rc, lines = run(linked, ["view", "--out", str(site)], capsys)
+    assert rc == 1 and len(lines) == 1 and "more than 3 entries" in lines[0], lines
 
 
 @pytest.mark.parametrize("name,argv", OUTPUTS, ids=[o[0] for o in OUTPUTS])
@@ -176,7 +218,7 @@ def test_a_recipe_folder_inside_the_lake_is_refused_before_its_first_stage(linke
     with pytest.raises(OutputPathError, match="--checkpoints .* is inside the lake"):
         check_folders(linked["uri"], report=linked["work"] / "report", checkpoints=linked["data"] / "ckpt")
     if "catalog" in linked["links"]:
-        with pytest.raises(OutputPathError, match="--report .* is inside the lake"):
+        with pytest.raises(OutputPathError, match="--report .* under another name"):
             check_folders(linked["uri"], report=linked["links"]["catalog"])
 
 

@@ -51,7 +51,8 @@ def _output_cases() -> list:
     out = []
     for name, before, after in OUTPUTS:
         for trick, path in ONTO_THE_LAKE:
-            out.append(case([*before, path, *after], 1, "inside the lake", id=f"{name} onto the lake: {trick}"))
+            text = "under another name" if trick.startswith("hard link") else "inside the lake"
+            out.append(case([*before, path, *after], 1, text, id=f"{name} onto the lake: {trick}"))
         for trick, path, text in NOT_WRITABLE:
             if name == "sql -o" and trick == "an existing file as a folder":
                 continue  # a file is what sql -o writes: overwriting the user's own file is asked for

@@ -111,7 +111,7 @@ def test_cli_rewards_errors(tmp_path, capsys):
     with Lake.open(uri) as lk:
         add(lk, make_episode("e1"))
     assert main(["--lake", uri, "rewards", "--spec", str(tmp_path / "missing.toml")]) == 1
-    assert "no such spec file" in capsys.readouterr().err
+    assert "no such file" in capsys.readouterr().err
     nan = tmp_path / "nan.toml"
     nan.write_text('name = "nan"\n[[components]]\nkind = "sql"\nname = "ratio"\nexpr = "1.0 / (num_turns - 2)"\n')
     assert main(["--lake", uri, "rewards", "--spec", str(nan)]) == 1

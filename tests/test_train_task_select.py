@@ -67,7 +67,7 @@ def test_a_query_that_could_write_or_read_outside_the_lake_is_refused(tmp_path, 
 def test_selector_names_and_files_are_checked(tmp_path, lake):
     with pytest.raises(TaskSelectorError, match=r"unknown task_selector 'best'; valid: learnable, rotation"):
         selector_query("best")
-    with pytest.raises(TaskSelectorError, match=r"no such query file"):
+    with pytest.raises(TaskSelectorError, match=r"no such file"):
         selector_query(str(tmp_path / "missing.sql"))
     big = tmp_path / "big.sql"
     big.write_text("SELECT task_id FROM candidates -- " + "x" * 70_000)

@@ -27,6 +27,7 @@ from trajlake.core.config_types import (
     run_fields,
 )
 from trajlake.core.errors import TrajlakeError
+from trajlake.core.text_files import read_text_file
 from trajlake.store.runs import differences
 from trajlake.train.config_checks import (  # noqa: F401  (the constants are this module's API too)
     ALGOS,
@@ -391,11 +392,11 @@ def load_config(path: str | Path, **overrides: Any) -> TrainConfig:
     """Read a TrainConfig from a TOML file (flat keys); `overrides` (not None) replace file values."""
     path = Path(path)
     try:
-        data = tomllib.loads(path.read_text())
-    except FileNotFoundError:
-        raise ConfigError(f"no train config at {path}") from None
+        data = tomllib.loads(read_text_file(path, "train config", error=ConfigError))
     except tomllib.TOMLDecodeError as e:
         raise ConfigError(f"{path}: invalid TOML: {e}") from None
+    except RecursionError:  # tomllib parses nested arrays and tables recursively
+        raise ConfigError(f"{path}: not a train config: its values nest too deep for TOML's reader") from None
     data.update({k: v for k, v in overrides.items() if v is not None})
     return config_from_dict(data, str(path))
 

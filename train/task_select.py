@@ -22,6 +22,7 @@ import pyarrow as pa
 
 from trajlake.core.errors import TrajlakeError
 from trajlake.core.registry import Registry
+from trajlake.core.text_files import read_text_file
 
 #: the queries trajlake ships (train/queries/NAME.sql)
 QUERIES_DIR = Path(__file__).parent / "queries"
@@ -61,14 +62,7 @@ def selector_query(name: str) -> str | None:
     else:
         raise TaskSelectorError(f"unknown task_selector {name!r}; valid: {', '.join(TASK_SELECTORS.names())}, "
                                 "or the path of a .sql file")
-    try:
-        if not path.is_file():
-            raise TaskSelectorError(f"task_selector {name}: no such query file")
-        if path.stat().st_size > MAX_QUERY_BYTES:
-            raise TaskSelectorError(f"task_selector {name}: the query file is over {MAX_QUERY_BYTES // 1024} KiB")
-        sql = path.read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as e:
-        raise TaskSelectorError(f"task_selector {name}: cannot read it ({type(e).__name__})") from None
+    sql = read_text_file(path, "task_selector query file", MAX_QUERY_BYTES, error=TaskSelectorError)
     check_selector_sql(sql, name)
     return sql
 
