@@ -144,7 +144,8 @@ def setting(request, tmp_path_factory, tiny):
     os.link(catalog if catalog is not None else data_file, work / "hardlink-to-catalog")
     os.link(data_file, work / "hardlink-to-data.parquet")
     values = {"lake": lake, "tmp": str(work), "root": str(root), "tiny": str(tiny), "file": str(work / "a-file.txt"),
-              "bad_toml": str(work / "bad.toml"), "deep_toml": str(work / "deep.toml"), "spec": str(spec), "jsonl": str(work / "one.jsonl"),
+              "bad_toml": str(work / "bad.toml"), "deep_toml": str(work / "deep.toml"), "spec": str(spec),
+              "jsonl": str(work / "one.jsonl"),
               "out": str(work / "out"), "catalog": str(target), "data": str(data),
               "train_toml": str(work / "train.toml"), "backend": request.param}
     start = lake_state(lake)
