@@ -379,3 +379,87 @@ def test_cumulative_progress_wins_at_full_progress_whatever_the_last_increase():
             if done:
                 break
         client.close()
+
+
+def _hostile_server(reply):
+    """A server whose every POST and GET is answered by `reply(handler)` (it writes the status, headers and
+    body itself); (url, stop)."""
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    class Hostile(BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"
+
+        def do_POST(self):
+            self.rfile.read(int(self.headers.get("Content-Length") or 0))
+            try:
+                reply(self)
+            except (BrokenPipeError, ConnectionResetError):  # the client hung up, as it should
+                pass
+
+        do_GET = do_POST
+
+        def log_message(self, *args):
+            return None
+
+    srv = ThreadingHTTPServer(("127.0.0.1", 0), Hostile)
+    srv.daemon_threads = True
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+
+    def stop():
+        srv.shutdown()
+        srv.server_close()
+
+    return f"http://127.0.0.1:{srv.server_address[1]}", stop
+
+
+def _endless(handler):
+    """A chunked body that never ends (a JSON string growing forever)."""
+    handler.send_response(200)
+    handler.send_header("Transfer-Encoding", "chunked")
+    handler.end_headers()
+    piece = b'"' + b"x" * (1 << 20)
+    while True:
+        handler.wfile.write(b"%x\r\n%s\r\n" % (len(piece), piece))
+        piece = b"x" * (1 << 20)
+
+
+def _drip(handler):
+    """A byte every 0.2 s, each well within the read timeout, for ever."""
+    handler.send_response(200)
+    handler.send_header("Content-Length", str(1 << 20))
+    handler.end_headers()
+    while True:
+        handler.wfile.write(b" ")
+        handler.wfile.flush()
+        time.sleep(0.2)
+
+
+def _deep(handler):
+    body = b"[" * 100_000 + b"]" * 100_000
+    handler.send_response(200)
+    handler.send_header("Content-Length", str(len(body)))
+    handler.end_headers()
+    handler.wfile.write(body)
+
+
+@pytest.mark.parametrize("reply,message", [(_endless, "larger than 16 MiB"), (_drip, "still arriving 1s after"),
+                                           (_deep, "nests too deep")], ids=["endless", "drip", "deep"])
+def test_a_hostile_reply_is_an_env_error_in_bounded_time_and_memory(reply, message):
+    """Env servers are untrusted: a body without end, one that drips a byte at a time inside the read timeout,
+    and JSON nested past the parser's recursion each end in EnvServerError naming the cause, within about the
+    timeout, having read at most MAX_REPLY_BYTES (requests reads a body whole, and its timeout bounds only the gap
+    between two bytes). A step is not sent again: the server answered."""
+    import resource
+
+    url, stop = _hostile_server(reply)
+    try:
+        client = AgentGymClient(url, "webshop", timeout=1.0, connect_timeout=1.0, retries=2, backoff=0.05)
+        before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+        start = time.monotonic()
+        with pytest.raises(EnvServerError, match=message):
+            client._request("POST", "step", {"action": "x"}, idempotent=False)
+        assert time.monotonic() - start < 10
+        grew_mib = (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before) / 1024
+        assert grew_mib < 200, f"peak RSS grew {grew_mib:.0f} MiB"
+    finally:
+        stop()

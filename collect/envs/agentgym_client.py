@@ -35,6 +35,7 @@ import time
 from typing import Any
 
 import requests
+import urllib3
 
 from trajlake.collect.envs.agentgym_presets import PRESETS, expert_for, get_preset
 from trajlake.collect.envs.agentgym_protocol import CONTIGUOUS, Preset, StepReply
@@ -76,6 +77,11 @@ def task_scheme(task: Task) -> str:
     written before there were schemes record none, and were drawn from the contiguous ranges)."""
     meta = task.meta if isinstance(task.meta, dict) else {}
     return meta.get("split_scheme") or CONTIGUOUS
+
+
+#: the largest reply body read from an env server (an observation is text: TextCraft's are under 2 KiB, a WebShop
+#: page tens of KiB); a larger one ends the episode as an env error
+MAX_REPLY_BYTES = 16 << 20
 
 
 class AgentGymClient:
@@ -267,6 +273,8 @@ class AgentGymClient:
             data = r.json()
         except ValueError:
             raise EnvServerError(f"{method} {url}: reply is not JSON: {_clip(r.text)}", 200) from None
+        except RecursionError:  # json's parser recurses: a reply nested thousands deep
+            raise EnvServerError(f"{method} {url}: reply nests too deep to be an env's reply", 200) from None
         if isinstance(data, dict) and "error" in data:
             raise EnvServerError(f"{method} {url}: server error: {data['error']}", 200)
         return data
@@ -277,7 +285,7 @@ class AgentGymClient:
         attempts = 1 + (self.retries if retries is None else retries)
         for attempt in range(attempts):
             try:
-                r = self.session.request(method, url, json=body, params=params,
+                r = self.session.request(method, url, json=body, params=params, stream=True,
                                          timeout=(self.connect_timeout, self.timeout))
             except requests.ReadTimeout as e:
                 why = f"no reply within {self.timeout:g}s"
@@ -288,6 +296,7 @@ class AgentGymClient:
             except requests.RequestException as e:
                 raise EnvServerError(f"{method} {url}: {type(e).__name__}: {_reason(e)}") from e
             else:
+                _read_bounded(r, method, url, self.timeout)  # the server answered: never sent again
                 if r.status_code != 503:
                     return r
                 why = "HTTP 503 (busy)"  # WebShop's server answers 503 before it does any work: ask again
@@ -363,7 +372,8 @@ def resolve_env_name(env: str, url: str | None, preset: str | None = None) -> st
 def detect_preset(url: str, timeout: float = 5.0) -> str:
     """The preset of the server at `url`, from its greeting (`GET /`: "This is environment TextCraft.")."""
     try:
-        r = requests.get(url.rstrip("/") + "/", timeout=timeout)
+        r = requests.get(url.rstrip("/") + "/", timeout=timeout, stream=True)
+        _read_bounded(r, "GET", url, timeout)
         greeting = r.text if r.status_code == 200 else ""
     except requests.RequestException as e:
         raise EnvServerError(f"GET {url}: cannot connect ({_reason(e)})") from e
@@ -387,11 +397,44 @@ def named_presets(greeting: str) -> list[Preset]:
     return [p for p in PRESETS.values() if greets_as(greeting, p.title)]
 
 
+def _read_bounded(r: requests.Response, method: str, url: str, timeout: float) -> None:
+    """Read `r`'s body (a streamed reply) into `r.content`, refusing one larger than MAX_REPLY_BYTES or still
+    arriving `timeout` seconds after its headers: requests reads a body whole, however large, and its read timeout
+    bounds only the wait between two bytes, so a server sending gigabytes, or a byte a minute, held a collector
+    (and its memory) without end."""
+    deadline = time.monotonic() + timeout
+    chunks, size = [], 0
+    try:
+        for chunk in _chunks(r, method, url):
+            size += len(chunk)
+            if size > MAX_REPLY_BYTES:
+                raise EnvServerError(f"{method} {url}: the reply is larger than {MAX_REPLY_BYTES >> 20} MiB, "
+                                     "more than an env's observation holds", r.status_code)
+            if time.monotonic() > deadline:
+                raise EnvServerError(f"{method} {url}: the reply was still arriving {timeout:g}s after it began",
+                                     r.status_code)
+            chunks.append(chunk)
+    finally:
+        r.close()
+    r._content = b"".join(chunks)  # what `r.content` would have read: r.text and r.json() use it
+
+
+def _chunks(r: requests.Response, method: str, url: str):
+    """`r`'s body in the pieces it arrives in (urllib3's read1: one read of the socket each, so a server sending a
+    byte at a time is seen at every byte, where `iter_content` waits for a whole chunk); a reply that breaks off
+    is an EnvServerError (not retried: the server answered)."""
+    try:
+        while chunk := r.raw.read1(64 << 10, decode_content=True):
+            yield chunk
+    except (requests.RequestException, urllib3.exceptions.HTTPError, OSError) as e:
+        raise EnvServerError(f"{method} {url}: the reply broke off ({_reason(e)})", r.status_code) from e
+
+
 def _text(r: requests.Response) -> str:
     """A reply's text, unquoted when it is a JSON string (FastAPI sends `"This is environment TextCraft."`)."""
     try:
         data = r.json()
-    except ValueError:
+    except (ValueError, RecursionError):
         return r.text
     return data if isinstance(data, str) else r.text
 
