@@ -122,11 +122,13 @@ def _refuse_by_identity(catalog: CatalogURI, target: Path, path: str | Path, wha
 
 def _refuse_lake_entries(folder: Path, file_ids: dict[Identity, str], folder_ids: dict[Identity, str],
                          path: str | Path, what: str) -> None:
-    """OutputPathError when an entry under `folder` is, or links to, a lake file or folder (a writer that writes
-    in place would write through it), or when the folder holds more than MAX_FOLDER_ENTRIES entries."""
+    """OutputPathError when an entry under `folder` is another name of a lake file or folder (a hard link, a
+    symlink, a bind mount: a writer that writes in place, or follows links, would write through it), or when the
+    folder holds more than MAX_FOLDER_ENTRIES entries. The lake itself lying in the folder under its own name is
+    no other name (`view --out .` beside `./lake`): it is passed over, not walked."""
     seen = 0
     for parent, dirs, names in os.walk(folder):
-        for name in dirs + names:
+        for name in list(dirs) + names:
             seen += 1
             if seen > MAX_FOLDER_ENTRIES:
                 raise OutputPathError(f"{what} {path} already holds more than {MAX_FOLDER_ENTRIES} entries: name "
@@ -137,11 +139,16 @@ def _refuse_lake_entries(folder: Path, file_ids: dict[Identity, str], folder_ids
                     st = stat_of(entry)
                 except OSError:  # a dangling link or a loop: nothing of the lake behind it
                     continue
-                lake_file = file_ids.get((st.st_dev, st.st_ino)) or folder_ids.get((st.st_dev, st.st_ino))
-                if lake_file is not None:
-                    raise OutputPathError(f"{what} {path} holds {entry}, which is the lake's {lake_file} under "
-                                          "another name (a hard link or a symlink): a write there would reach the "
-                                          "lake; remove it or write elsewhere")
+                lake_entry = file_ids.get((st.st_dev, st.st_ino)) or folder_ids.get((st.st_dev, st.st_ino))
+                if lake_entry is None:
+                    continue
+                if stat_of is os.lstat and not os.path.islink(entry) and os.path.realpath(entry) == lake_entry:
+                    if name in dirs:
+                        dirs.remove(name)  # the lake's own folder under its own name: not walked
+                    break
+                raise OutputPathError(f"{what} {path} holds {entry}, which is the lake's {lake_entry} under another "
+                                      "name (a hard link or a symlink): a write there would reach the lake; remove "
+                                      "it or write elsewhere")
 
 
 def lake_where(catalog: CatalogURI) -> str:

@@ -245,3 +245,24 @@ def test_a_lake_folder_under_another_name_is_refused(linked, tmp_path, capsys):
         assert lake_hashes(linked) == before
     finally:
         subprocess.run(["umount", str(view)], check=False)
+
+
+def test_the_lake_in_an_output_folder_under_its_own_name_is_passed_over(tiny, tmp_path, capsys):
+    """`view --out .` beside `./lake`: the lake lying in the folder is no other name of it, and the pages are
+    written beside it. But a train run whose own folder in checkpoint_dir is the lake's (checkpoint_dir the
+    lake's parent, run id the lake folder's name) is refused before anything is written."""
+    here = tmp_path / "here"
+    with Lake.open(str(here / "lake")) as lk:
+        lk.append({"episodes": [Episode("e1", run_id="r1", env="doors", success=True)]}, stage="test", run_id="r1")
+        lk.maintain()
+    lake = {"uri": str(here / "lake"), "catalog": here / "lake" / "catalog.ducklake", "data": here / "lake" / "data"}
+    before = lake_hashes(lake)
+    rc, lines = run(lake, ["view", "--out", str(here)], capsys)
+    assert rc == 0, lines
+    assert (here / "index.html").is_file() and lake_hashes(lake) == before
+    config = tmp_path / "train.toml"
+    config.write_text(TRAIN_TOML.format(tiny=tiny).replace('run_id = "t-bad"', 'run_id = "lake"')
+                      + f'checkpoint_dir = "{here}"\n')
+    rc, lines = run(lake, ["train", "--config", str(config)], capsys)
+    assert rc == 1 and len(lines) == 1 and "checkpoint folder" in lines[0] and "inside the lake" in lines[0], lines
+    assert lake_hashes(lake) == before

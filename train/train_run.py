@@ -8,10 +8,12 @@ first write, `finish` / `fail` end it. The loops (train/loop.py) and their rollo
 from __future__ import annotations
 
 import json
+from pathlib import Path
 from typing import Any
 
 from trajlake.core.clock import utc_now
 from trajlake.core.errors import TrajlakeError
+from trajlake.core.ids import path_component
 from trajlake.schemas import Run
 from trajlake.store import Lake, runs
 from trajlake.store import lease as run_lease
@@ -57,6 +59,9 @@ class TrainRun:
             # the checkpoints and the trackers' logs (under <checkpoint_dir>/<run>) must not land among the lake's
             # files: refused here, before the lease, the model or the engines
             check_output_path(lake.catalog, config.checkpoint_dir, "train config: checkpoint_dir")
+            # and the run's own folder in it (checkpoint_dir "." beside ./lake with run id "lake" is the lake)
+            check_output_path(lake.catalog, Path(config.checkpoint_dir) / path_component(rid),
+                              "train config: the run's checkpoint folder")
             run_lease.check(lake, rid)  # another live process runs it: refused before any work (reads only)
             try:
                 start_path, start_pid, base, new_row = resolve_model(lake, config.model)
