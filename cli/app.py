@@ -88,6 +88,10 @@ def _global(
     quiet.set_debug(debug)
 
 
+#: what DuckDB raises (a bare RuntimeError) when SIGINT interrupts a query it is running: a Ctrl-C, not a bug
+DUCKDB_INTERRUPTED = "Query interrupted"
+
+
 def main(argv: list[str] | None = None) -> int:
     """Entry point: run the CLI, turning errors into one line and a non-zero exit."""
     command = typer.main.get_command(app)
@@ -122,6 +126,9 @@ def main(argv: list[str] | None = None) -> int:
     except Exception as e:  # a bug, never a traceback: one line that says so and how to see the traceback
         if debug:
             raise
+        if isinstance(e, RuntimeError) and str(e) == DUCKDB_INTERRUPTED:  # Ctrl-C while DuckDB ran a query
+            print("aborted", file=sys.stderr)
+            return 130
         print(f"error: internal error ({type(e).__name__}: {one_line(str(e))[:300]}); please report it, with "
               "the traceback --debug shows", file=sys.stderr)
         return 1
