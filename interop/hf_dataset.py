@@ -30,6 +30,7 @@ import pyarrow as pa
 
 from trajlake.core.atomic import atomic_output
 from trajlake.core.errors import TrajlakeError
+from trajlake.core.text_files import read_text_file
 from trajlake.interop.importers.limits import Limits, check_row
 from trajlake.interop.importers.records import ARROW_BATCH, arrow_rows, parquet_batches, parquet_columns
 from trajlake.store.reads import check_episode_filter, episode_rewards, stored_episode_ids
@@ -153,13 +154,44 @@ def _sources(folder: Path) -> list[tuple[str, Any]]:
     """Where the rows are, as (name, source): a folder save_to_disk wrote, as its memory-mapped Arrow table
     (read a batch at a time, never whole), else each parquet file (the folder's, or the file given)."""
     if (folder / "dataset_info.json").is_file():
-        import datasets
-
-        return [(str(folder), datasets.load_from_disk(str(folder)).data.table)]
+        return [(str(folder), _saved_table(folder))]
     files = sorted(folder.glob("*.parquet")) if folder.is_dir() else [folder] if folder.suffix == ".parquet" else []
     if not files:
         raise TrajlakeError(f"{folder}: no dataset here (a folder saved with save_to_disk, or parquet files)")
     return [(str(f), f) for f in files]
+
+
+def _saved_table(folder: Path) -> pa.Table:
+    """The memory-mapped table of a folder `save_to_disk` wrote, its `state.json` checked first: `load_from_disk`
+    joins each `_data_files` name to the folder as given, so an absolute name or `../` read an Arrow file from
+    anywhere on the machine, and a malformed state ended in a bare KeyError or TypeError."""
+    import datasets
+    from pyarrow.lib import ArrowException
+
+    read = {}
+    for name in ("state.json", "dataset_info.json"):
+        try:
+            read[name] = json.loads(read_text_file(folder / name, f"dataset {name}"))
+        except ValueError as e:  # JSONDecodeError, RecursionError's kin: not what save_to_disk writes
+            raise TrajlakeError(f"{folder / name}: not JSON ({e})") from None
+        except RecursionError:
+            raise TrajlakeError(f"{folder / name}: nests too deep to be a dataset's {name}") from None
+        if not isinstance(read[name], dict):
+            raise TrajlakeError(f"{folder / name}: not a JSON object, as save_to_disk writes it")
+    files = read["state.json"].get("_data_files")
+    if not (isinstance(files, list) and files and all(isinstance(f, dict) for f in files)):
+        raise TrajlakeError(f"{folder / 'state.json'}: `_data_files` is not a list of the folder's Arrow files")
+    for f in files:
+        name = f.get("filename")
+        if not (isinstance(name, str) and name == Path(name).name and name not in (".", "..")
+                and (folder / name).is_file() and not (folder / name).is_symlink()):
+            raise TrajlakeError(f"{folder / 'state.json'}: data file {str(name)[:200]!r} is not a file of "
+                                f"{folder} (a dataset reads only its own folder's files)")
+    try:
+        return datasets.load_from_disk(str(folder)).data.table
+    except (ArrowException, OSError, ValueError, KeyError, TypeError) as e:
+        raise TrajlakeError(f"{folder}: not a dataset save_to_disk wrote ({type(e).__name__}: "
+                            f"{str(e).splitlines()[0][:200] if str(e) else 'unreadable'})") from None
 
 
 def _rows(sources: list[tuple[str, Any]], limits: Limits) -> Iterator[dict[str, Any]]:

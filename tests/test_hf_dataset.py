@@ -130,3 +130,58 @@ def test_an_export_made_a_batch_at_a_time_is_the_export_made_at_once(source, tmp
     assert sum(1 for r in whole.to_pylist() if all(v is None for v in r["behaviour_logprobs"])) == 2  # the expert's
     with Lake.open(str(tmp_path / "copy")) as copy:
         assert import_dataset(copy, tmp_path / "one")["episodes"] == 8
+
+
+def _state(name: str, edit):
+    def apply(folder):
+        path = folder / "state.json"
+        if name == "not json":
+            path.write_text("not json")
+        elif name == "nested":
+            path.write_text("[" * 100_000 + "]" * 100_000)
+        elif name == "truncated arrow":
+            arrow = folder / "data-00000-of-00001.arrow"
+            arrow.write_bytes(arrow.read_bytes()[:1000])
+        else:
+            state = json.loads(path.read_text())
+            edit(state, folder)
+            path.write_text(json.dumps(state))
+    return apply
+
+
+def _outside(state, folder):
+    (folder.parent / "elsewhere.arrow").write_bytes((folder / "data-00000-of-00001.arrow").read_bytes())
+    state["_data_files"] = [{"filename": str(folder.parent / "elsewhere.arrow")}]
+
+
+def _symlink(state, folder):
+    (folder / "link.arrow").symlink_to(folder / "data-00000-of-00001.arrow")
+    state["_data_files"] = [{"filename": "link.arrow"}]
+
+
+HOSTILE_STATES = [
+    ("absolute path", _outside, "is not a file of"),
+    ("../ path", lambda s, f: s.update(_data_files=[{"filename": "../x/data-00000-of-00001.arrow"}]),
+     "is not a file of"),
+    ("device", lambda s, f: s.update(_data_files=[{"filename": "/dev/zero"}]), "is not a file of"),
+    ("symlink", _symlink, "is not a file of"),
+    ("missing file", lambda s, f: s.update(_data_files=[{"filename": "nosuch.arrow"}]), "is not a file of"),
+    ("no _data_files", lambda s, f: s.pop("_data_files"), "is not a list"),
+    ("_data_files a string", lambda s, f: s.update(_data_files="x"), "is not a list"),
+    ("not json", None, "not JSON"),
+    ("nested", None, "nests too deep"),
+    ("truncated arrow", None, "not a dataset save_to_disk wrote"),
+]
+
+
+@pytest.mark.parametrize("name,edit,message", HOSTILE_STATES, ids=[h[0] for h in HOSTILE_STATES])
+def test_a_hostile_saved_dataset_is_refused_naming_the_problem(source, name, edit, message, tmp_path):
+    """`load_from_disk` joins each `_data_files` name to the folder as it is: an absolute name or `../` read an
+    Arrow file from anywhere (imported with exit 0), and a malformed state was a bare KeyError or TypeError."""
+    folder = tmp_path / "ds"
+    export_dataset(source, folder)
+    _state(name, edit)(folder)
+    with Lake.open(str(tmp_path / "copy")) as copy:
+        with pytest.raises(TrajlakeError, match=message):
+            import_dataset(copy, folder)
+        assert copy.count("episodes") == 0
