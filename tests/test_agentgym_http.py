@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import json
 import random
 import subprocess
 import sys
@@ -463,3 +464,23 @@ def test_a_hostile_reply_is_an_env_error_in_bounded_time_and_memory(reply, messa
         assert grew_mib < 200, f"peak RSS grew {grew_mib:.0f} MiB"
     finally:
         stop()
+
+
+@pytest.mark.parametrize("length", ["1000000000000", "-5", "abc"])
+def test_the_server_refuses_a_body_it_would_have_to_allocate_whole(length):
+    """`rfile.read(n)` allocates n bytes before reading: a Content-Length of a terabyte was a MemoryError (or
+    20 GB held), a negative one read until the client hung up. Refused as an error reply; the server serves on."""
+    import http.client
+
+    srv = serve_env("doors")
+    try:
+        con = http.client.HTTPConnection("127.0.0.1", srv.port, timeout=10)
+        con.putrequest("POST", "/create")
+        con.putheader("Content-Length", length)
+        con.endheaders()
+        reply = json.loads(con.getresponse().read())
+        assert "at most" in reply["error"] and "Content-Length" in reply["error"], reply
+        con.close()
+        assert AgentGymClient(srv.url, "trajlake", **FAST).tasks("test", n=1)  # still serving
+    finally:
+        srv.stop()

@@ -211,6 +211,10 @@ def _int(value: Any, name: str) -> int:
         raise RequestError(f"{name!r} must be an integer, got {value!r}") from None
 
 
+#: the largest request body read (an action or a task is text of a few hundred bytes; the client sends no more)
+MAX_BODY_BYTES = 1 << 20
+
+
 class _Handler(BaseHTTPRequestHandler):
     server: AgentGymServer
 
@@ -243,7 +247,10 @@ class _Handler(BaseHTTPRequestHandler):
             log.info("%s %s -> %s (%.1f ms)", method, url.path, outcome, 1000 * (time.perf_counter() - start))
 
     def _body(self) -> dict:
-        raw = self.rfile.read(int(self.headers.get("Content-Length") or 0))
+        length = self.headers.get("Content-Length") or "0"
+        if not length.isdigit() or int(length) > MAX_BODY_BYTES:  # read(n) allocates n bytes before reading
+            raise RequestError(f"Content-Length {length[:30]!r}: a request body is at most {MAX_BODY_BYTES} bytes")
+        raw = self.rfile.read(int(length))
         if not raw.strip():
             return {}
         try:
