@@ -152,6 +152,9 @@ class CatalogURI:
         """Why the catalog file is not one (a file of another kind; None: it may be, or there is none yet). An
         empty file is left to the database, which makes a new catalog in it."""
         path, magic = self.catalog_path, self.kind.magic
+        if path is not None and path.exists() and not path.is_file() and not path.is_dir():
+            # sqlite:/dev/null opened a database on the device and made /dev/null.data and /dev/null-journal
+            return f"{path} is not a file (a device, FIFO or socket): a catalog is a file of its own"
         if path is None or magic is None or not path.is_file() or path.stat().st_size == 0:
             return None
         offset, expected = magic
@@ -184,13 +187,16 @@ def _use_wal(path: str) -> None:
     readers never block the writer. If another process holds the file so the mode cannot change now,
     the lake still opens, and a later open switches it.
     """
-    con = sqlite3.connect(path, timeout=10)
+    try:
+        con = sqlite3.connect(path, timeout=10)
+    except sqlite3.Error as e:  # a folder that cannot hold a file (/proc), no permission
+        raise CatalogError(f"cannot open lake sqlite:{path}: {e}") from None
     try:
         if con.execute("PRAGMA journal_mode").fetchone()[0].lower() != "wal":
             con.execute("PRAGMA journal_mode=WAL")
     except sqlite3.OperationalError as e:  # "database is locked": another process has it; a later open switches
         if "locked" not in str(e):
-            raise
+            raise CatalogError(f"cannot open lake sqlite:{path}: {e}") from None
     except sqlite3.DatabaseError as e:  # "file is not a database": a text file, say, given as sqlite:FILE
         raise CatalogError(f"cannot open lake sqlite:{path}: {path} is not a SQLite database ({e}); a new lake "
                            "needs a new path") from None

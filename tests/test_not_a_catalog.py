@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+from pathlib import Path
 
 import pytest
 
@@ -57,3 +58,30 @@ def test_an_empty_catalog_file_is_still_a_new_lake(tmp_path):
     (tmp_path / "lake.sqlite").touch()
     with Lake.open(f"sqlite:{tmp_path / 'lake.sqlite'}") as lake:
         assert lake.count("episodes") == 0
+
+
+@pytest.mark.parametrize("command", ["import", "collect"])
+def test_a_catalog_that_is_a_fifo_is_one_line_and_nothing_is_made_beside_it(command, tiny, tmp_path, capsys):
+    """`sqlite:/dev/null` opened a database on the device and made `/dev/null.data` and `/dev/null-journal`: a
+    catalog path that is a device, FIFO or socket is refused before anything is made (a FIFO here: tests do not
+    write into /dev)."""
+    import os
+
+    from trajlake.cli import main
+
+    fifo = tmp_path / "pipe"
+    os.mkfifo(fifo)
+    rc = main(["--lake", f"sqlite:{fifo}", *_argv(command, tmp_path, tiny)])
+    lines = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
+    assert rc == 1 and len(lines) == 1 and "is not a file (a device, FIFO or socket)" in lines[0], lines
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["pipe", "rows.jsonl"]
+
+
+@pytest.mark.skipif(not Path("/proc/self").is_dir(), reason="needs Linux's /proc, where no file can be made")
+def test_a_sqlite_catalog_where_no_file_can_be_made_is_one_line(tiny, tmp_path, capsys):
+    from trajlake.cli import main
+
+    rc = main(["--lake", "sqlite:/proc/no-such.sqlite", *_argv("collect", tmp_path, tiny)])
+    lines = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
+    assert rc == 1 and len(lines) == 1 and "cannot open lake sqlite:/proc/no-such.sqlite" in lines[0], lines
+    assert "internal error" not in lines[0]
