@@ -173,7 +173,10 @@ def test_textcraft_tasks_are_a_seeded_sample_of_their_split():
     assert sorted(idx) == sorted(PRESETS["textcraft"].task_indices("train", None, STRATIFIED))
     assert idx != sorted(idx) and env.split_size("train") == 344  # a seeded order, not the server's
     assert all(t.task_id == f"{TC}/train/{t.meta['data_idx']}" for t in train)
-    assert all(t.meta == {"data_idx": t.meta["data_idx"], "split_scheme": STRATIFIED} for t in train)
+    depth = expand_profile(TEXTCRAFT_DEPTHS)
+    assert all(t.meta == {"data_idx": t.meta["data_idx"], "split_scheme": STRATIFIED,
+                          "difficulty": depth[t.meta["data_idx"]]} for t in train)
+    assert {t.meta["difficulty"] for t in train} == {1, 2, 3, 4}  # each task says its crafting depth
     assert env.tasks("train", n=5) == train[:5]  # the first n tasks are the same whatever n is
     with pytest.raises(ValueError, match=rf"split 'train' has 344 tasks \({STRATIFIED}\); asked for 345"):
         env.tasks("train", n=345)
@@ -186,8 +189,8 @@ def test_the_old_contiguous_split_can_be_asked_for():
     AgentGym's published evaluation sets are the low indices."""
     env = make_env(TC, url=DEAD_URL, split_scheme=CONTIGUOUS)
     assert [t.meta["data_idx"] for t in env.tasks("test")] == list(range(100))
-    assert [t.meta for t in env.tasks("train", n=2)] == [{"data_idx": 200, "split_scheme": CONTIGUOUS},
-                                                        {"data_idx": 201, "split_scheme": CONTIGUOUS}]
+    assert [t.meta for t in env.tasks("train", n=2)] == [{"data_idx": 200, "split_scheme": CONTIGUOUS, "difficulty": 2},
+                                                        {"data_idx": 201, "split_scheme": CONTIGUOUS, "difficulty": 2}]
     assert env.split_size("train") == 344 and env.split_scheme == CONTIGUOUS
     with pytest.raises(ValueError, match=r"split 'train' has 344 tasks \(contiguous\); asked for 345"):
         env.tasks("train", n=345)

@@ -34,6 +34,26 @@ def test_learnable_orders_sometimes_won_then_unplayed_then_solved_then_never_won
                             start_policy=None) == got[:3]
 
 
+def test_curriculum_plays_the_lowest_difficulty_not_mastered_first(lake):
+    env = make_env("doors")
+    tasks = [t for d in (1, 2, 3) for t in env.tasks("train", n=3, difficulty=d)]
+    ids = [t.task_id for t in tasks]
+    sql = selector_query("curriculum")
+
+    def first(n: int, iteration: int = 2) -> tuple[int, ...]:
+        return select_positions(lake, sql, "curriculum", tasks, run_id=RUN, iteration=iteration, n=n, samples=2,
+                                start_policy=None)
+
+    assert set(first(3)) == {0, 1, 2}  # nothing played: the easiest level first
+    _episodes(lake, {ids[0]: [True, True], ids[1]: [True, False], ids[2]: [False, False]})
+    got = first(9)
+    assert got[:3] == (1, 0, 2)  # level 1 won 50%: still the current level, in learnable's order
+    assert set(got[3:6]) == {3, 4, 5} and set(got[6:]) == {6, 7, 8}  # then the harder levels in order
+    _episodes(lake, {ids[1]: [True] * 4, ids[2]: [True] * 6}, run_id=f"{RUN}/it-2")
+    got = first(9, iteration=3)  # level 1 now won 1, 5/6 and 6/8 of its tasks' samples (86%): level 2 first
+    assert set(got[:3]) == {3, 4, 5} and set(got[3:6]) == {6, 7, 8} and set(got[6:]) == {0, 1, 2}
+
+
 def test_the_starting_policys_episodes_count_as_history(lake):
     tasks = make_env("doors").tasks("train", n=3, difficulty=1)
     _episodes(lake, {tasks[2].task_id: [True, False]}, run_id="probe")
@@ -65,13 +85,14 @@ def test_a_query_that_could_write_or_read_outside_the_lake_is_refused(tmp_path, 
 
 
 def test_selector_names_and_files_are_checked(tmp_path, lake):
-    with pytest.raises(TaskSelectorError, match=r"unknown task_selector 'best'; valid: learnable, rotation"):
+    with pytest.raises(TaskSelectorError,
+                       match=r"unknown task_selector 'best'; valid: curriculum, learnable, rotation"):
         selector_query("best")
     with pytest.raises(TaskSelectorError, match=r"no such file"):
         selector_query(str(tmp_path / "missing.sql"))
     big = tmp_path / "big.sql"
     big.write_text("SELECT task_id FROM candidates -- " + "x" * 70_000)
-    with pytest.raises(TaskSelectorError, match=r"over 64 KiB"):
+    with pytest.raises(TaskSelectorError, match=r"larger than 64 KiB"):
         selector_query(str(big))
     assert selector_query("rotation") is None
     tasks = make_env("doors").tasks("train", n=3, difficulty=1)

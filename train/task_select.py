@@ -44,6 +44,9 @@ TASK_SELECTORS: Registry[TaskSelector] = Registry("task selector")
 TASK_SELECTORS.add("rotation", TaskSelector(None, "the next block of `tasks` tasks of the split each iteration"))
 TASK_SELECTORS.add("learnable", TaskSelector(QUERIES_DIR / "learnable.sql",
                                              "tasks this run's policies sometimes win first, then unplayed ones"))
+TASK_SELECTORS.add("curriculum", TaskSelector(QUERIES_DIR / "curriculum.sql",
+                                              "the lowest difficulty not yet mastered (80% won) first, then harder "
+                                              "ones; learnable's order within a level"))
 
 
 class TaskSelectorError(TrajlakeError):

@@ -38,7 +38,7 @@ import requests
 import urllib3
 
 from trajlake.collect.envs.agentgym_presets import PRESETS, expert_for, get_preset
-from trajlake.collect.envs.agentgym_protocol import CONTIGUOUS, Preset, StepReply
+from trajlake.collect.envs.agentgym_protocol import CONTIGUOUS, Preset, StepReply, expand_profile
 from trajlake.collect.envs.registry import register_env
 from trajlake.core.errors import TrajlakeError
 from trajlake.schemas.records import Task
@@ -133,8 +133,11 @@ class AgentGymClient:
         if difficulty is not None:
             raise ValueError(f"{self.name} has no difficulty levels; leave difficulty unset")
         scheme = {"split_scheme": self.split_scheme} if self.preset.size else {}  # sizeless: contiguous only
+        # where the preset knows its data's difficulty (TextCraft's crafting depth), each task says its own: the
+        # evaluation's per-difficulty rows and a curriculum selector (train/queries/curriculum.sql) read it
+        depth = expand_profile(self.preset.difficulty_profile) if self.preset.difficulty_profile else None
         return [Task(task_id=f"{self.name}/{split}/{i}", env=self.name, split=split, seed=i,
-                     meta={"data_idx": i, **scheme})
+                     meta={"data_idx": i, **scheme, **({"difficulty": depth[i]} if depth else {})})
                 for i in self.preset.task_indices(split, n, self.split_scheme)]
 
     @property
