@@ -35,27 +35,15 @@ import time
 from typing import Any
 
 import requests
-import urllib3
 
 from trajlake.collect.envs.agentgym_presets import PRESETS, expert_for, get_preset
 from trajlake.collect.envs.agentgym_protocol import CONTIGUOUS, Preset, StepReply, expand_profile
+from trajlake.collect.envs.http_replies import EnvServerError, clip, read_bounded, reason
 from trajlake.collect.envs.registry import register_env
 from trajlake.core.errors import TrajlakeError
 from trajlake.schemas.records import Task
 
 log = logging.getLogger(__name__)
-
-
-class EnvServerError(TrajlakeError):
-    """An env server replied with an error, an unreadable reply, or could not be reached in time.
-
-    The message names the method and URL and says what happened. `status` is the HTTP status when there was a
-    reply (AgentGym servers send their errors as HTTP 200 `{"error": ...}`), None when there was none.
-    """
-
-    def __init__(self, message: str, status: int | None = None):
-        super().__init__(message)
-        self.status = status
 
 
 def task_selector(task: Task) -> int:
@@ -77,11 +65,6 @@ def task_scheme(task: Task) -> str:
     written before there were schemes record none, and were drawn from the contiguous ranges)."""
     meta = task.meta if isinstance(task.meta, dict) else {}
     return meta.get("split_scheme") or CONTIGUOUS
-
-
-#: the largest reply body read from an env server (an observation is text: TextCraft's are under 2 KiB, a WebShop
-#: page tens of KiB); a larger one ends the episode as an env error
-MAX_REPLY_BYTES = 16 << 20
 
 
 class AgentGymClient:
@@ -168,10 +151,10 @@ class AgentGymClient:
             if others:
                 instead = " or ".join(f"--env {p.env_name}" for p in others)
                 raise EnvServerError(f"env {self.name} wants a {own} server, but the server at {self.url} greets "
-                                     f"{_clip(' '.join(greeting.split()), 80)!r}: pass {instead} instead "
+                                     f"{clip(' '.join(greeting.split()), 80)!r}: pass {instead} instead "
                                      f"(or the --env-url of a {own} server)", r.status_code)
             log.debug("the server at %s greets %r, naming no known environment: playing it as %s",
-                      self.url, _clip(greeting, 80), self.name)
+                      self.url, clip(greeting, 80), self.name)
         self._greeted = self.url
 
     def reset(self, task: Task) -> str:
@@ -211,7 +194,7 @@ class AgentGymClient:
         sent = p.clean_action(action if isinstance(action, str) else "")
         reply = self._request("POST", "step", {p.id_field: self.env_id, "action": sent}, idempotent=False)
         if not isinstance(reply, dict):
-            raise EnvServerError(f"POST {self._url('step')}: expected an object, got {_clip(reply)}", 200)
+            raise EnvServerError(f"POST {self._url('step')}: expected an object, got {clip(reply)}", 200)
         obs = self._obs(reply, "step")
         reward, done = _number(reply.get("reward"), "reward", self._url("step")), bool(reply.get("done", False))
         raw = reply.get("info")
@@ -271,11 +254,11 @@ class AgentGymClient:
         url = self._url(route)
         r = self._send(method, url, body, params, idempotent=idempotent, retries=retries)
         if r.status_code != 200:
-            raise EnvServerError(f"{method} {url}: HTTP {r.status_code}: {_clip(r.text)}", r.status_code)
+            raise EnvServerError(f"{method} {url}: HTTP {r.status_code}: {clip(r.text)}", r.status_code)
         try:
             data = r.json()
         except ValueError:
-            raise EnvServerError(f"{method} {url}: reply is not JSON: {_clip(r.text)}", 200) from None
+            raise EnvServerError(f"{method} {url}: reply is not JSON: {clip(r.text)}", 200) from None
         except RecursionError:  # json's parser recurses: a reply nested thousands deep
             raise EnvServerError(f"{method} {url}: reply nests too deep to be an env's reply", 200) from None
         if isinstance(data, dict) and "error" in data:
@@ -295,11 +278,11 @@ class AgentGymClient:
                 if not idempotent:
                     raise EnvServerError(f"{method} {url}: {why}; not retried, the server may have applied it") from e
             except requests.ConnectionError as e:  # refused, reset, or ConnectTimeout: safe to send again
-                why = f"cannot connect ({_reason(e)})"
+                why = f"cannot connect ({reason(e)})"
             except requests.RequestException as e:
-                raise EnvServerError(f"{method} {url}: {type(e).__name__}: {_reason(e)}") from e
+                raise EnvServerError(f"{method} {url}: {type(e).__name__}: {reason(e)}") from e
             else:
-                _read_bounded(r, method, url, self.timeout)  # the server answered: never sent again
+                read_bounded(r, method, url, self.timeout)  # the server answered: never sent again
                 if r.status_code != 503:
                     return r
                 why = "HTTP 503 (busy)"  # WebShop's server answers 503 before it does any work: ask again
@@ -311,7 +294,7 @@ class AgentGymClient:
         params = {"split": split, "n": n, "difficulty": difficulty}
         reply = self._request("GET", "tasks", params={k: v for k, v in params.items() if v is not None})
         if not isinstance(reply, dict) or not isinstance(reply.get("tasks"), list):
-            raise EnvServerError(f"GET {self._url('tasks')}: expected {{'tasks': [...]}}, got {_clip(reply)}", 200)
+            raise EnvServerError(f"GET {self._url('tasks')}: expected {{'tasks': [...]}}, got {clip(reply)}", 200)
         return [Task(**t) for t in reply["tasks"]]
 
     def _created_id(self, reply: Any) -> Any:
@@ -322,7 +305,7 @@ class AgentGymClient:
             for key in (self.preset.id_field, "id", "env_idx"):
                 if key in reply:
                     return reply[key]
-        raise EnvServerError(f"POST {self._url('create')}: no instance id in {_clip(reply)}", 200)
+        raise EnvServerError(f"POST {self._url('create')}: no instance id in {clip(reply)}", 200)
 
     def _obs(self, reply: Any, route: str) -> str:
         if isinstance(reply, str):  # a bare observation (LMRL-Gym's and WebShop's GET /observation)
@@ -333,7 +316,7 @@ class AgentGymClient:
             for key in (self.preset.obs_key, "observation", "state"):
                 if key in reply:
                     return reply[key] if isinstance(reply[key], str) else str(reply[key])
-        raise EnvServerError(f"{self._url(route)}: no {self.preset.obs_key!r} in reply {_clip(reply)}", 200)
+        raise EnvServerError(f"{self._url(route)}: no {self.preset.obs_key!r} in reply {clip(reply)}", 200)
 
     def _release(self) -> None:
         env_id, self.env_id = self.env_id, None
@@ -376,16 +359,16 @@ def detect_preset(url: str, timeout: float = 5.0) -> str:
     """The preset of the server at `url`, from its greeting (`GET /`: "This is environment TextCraft.")."""
     try:
         r = requests.get(url.rstrip("/") + "/", timeout=timeout, stream=True)
-        _read_bounded(r, "GET", url, timeout)
+        read_bounded(r, "GET", url, timeout)
         greeting = r.text if r.status_code == 200 else ""
     except requests.RequestException as e:
-        raise EnvServerError(f"GET {url}: cannot connect ({_reason(e)})") from e
+        raise EnvServerError(f"GET {url}: cannot connect ({reason(e)})") from e
     # LMRL-Gym serves maze and wordle alike, and several servers just say "ok": those must be named
     titles = [p.title for p in PRESETS.values()]
     for preset in named_presets(greeting):
         if titles.count(preset.title) == 1:
             return preset.name
-    raise TrajlakeError(f"cannot tell which AgentGym environment serves {url} (it greets {_clip(greeting, 80)!r}); "
+    raise TrajlakeError(f"cannot tell which AgentGym environment serves {url} (it greets {clip(greeting, 80)!r}); "
                         f"name it: --env agentgym/NAME with NAME one of {', '.join(sorted(PRESETS))}")
 
 
@@ -398,39 +381,6 @@ def greets_as(greeting: str, title: str) -> bool:
 def named_presets(greeting: str) -> list[Preset]:
     """The presets whose title `greeting` names, in PRESETS order (maze and wordle share "LMRL-Gym": both)."""
     return [p for p in PRESETS.values() if greets_as(greeting, p.title)]
-
-
-def _read_bounded(r: requests.Response, method: str, url: str, timeout: float) -> None:
-    """Read `r`'s body (a streamed reply) into `r.content`, refusing one larger than MAX_REPLY_BYTES or still
-    arriving `timeout` seconds after its headers: requests reads a body whole, however large, and its read timeout
-    bounds only the wait between two bytes, so a server sending gigabytes, or a byte a minute, held a collector
-    (and its memory) without end."""
-    deadline = time.monotonic() + timeout
-    chunks, size = [], 0
-    try:
-        for chunk in _chunks(r, method, url):
-            size += len(chunk)
-            if size > MAX_REPLY_BYTES:
-                raise EnvServerError(f"{method} {url}: the reply is larger than {MAX_REPLY_BYTES >> 20} MiB, "
-                                     "more than an env's observation holds", r.status_code)
-            if time.monotonic() > deadline:
-                raise EnvServerError(f"{method} {url}: the reply was still arriving {timeout:g}s after it began",
-                                     r.status_code)
-            chunks.append(chunk)
-    finally:
-        r.close()
-    r._content = b"".join(chunks)  # what `r.content` would have read: r.text and r.json() use it
-
-
-def _chunks(r: requests.Response, method: str, url: str):
-    """`r`'s body in the pieces it arrives in (urllib3's read1: one read of the socket each, so a server sending a
-    byte at a time is seen at every byte, where `iter_content` waits for a whole chunk); a reply that breaks off
-    is an EnvServerError (not retried: the server answered)."""
-    try:
-        while chunk := r.raw.read1(64 << 10, decode_content=True):
-            yield chunk
-    except (requests.RequestException, urllib3.exceptions.HTTPError, OSError) as e:
-        raise EnvServerError(f"{method} {url}: the reply broke off ({_reason(e)})", r.status_code) from e
 
 
 def _text(r: requests.Response) -> str:
@@ -454,19 +404,7 @@ def _number(value: Any, key: str, url: str) -> float:
     try:
         number = float(value)
     except (TypeError, ValueError, OverflowError):
-        raise EnvServerError(f"{url}: {key} is not a number: {_clip(value)}", 200) from None
+        raise EnvServerError(f"{url}: {key} is not a number: {clip(value)}", 200) from None
     if not math.isfinite(number):
         raise EnvServerError(f"{url}: {key} is {number}, not a finite number", 200)
     return number
-
-
-def _reason(e: Exception) -> str:
-    """The useful tail of a requests error ("[Errno 111] Connection refused"), not its whole chain."""
-    text = str(e)
-    m = re.search(r"\[Errno -?\d+\][^'\")]*", text) or re.search(r"(Remote\w+|Connection \w+)[^'\")]*", text)
-    return m.group(0).strip() if m else _clip(text)
-
-
-def _clip(value: Any, n: int = 200) -> str:
-    text = value if isinstance(value, str) else repr(value)
-    return text if len(text) <= n else text[:n] + "..."
