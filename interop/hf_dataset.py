@@ -170,9 +170,10 @@ def _saved_table(folder: Path) -> pa.Table:
 
     read = {}
     for name in ("state.json", "dataset_info.json"):
+        text = read_text_file(folder / name, f"dataset {name}")  # its own refusal: missing, too large, not text
         try:
-            read[name] = json.loads(read_text_file(folder / name, f"dataset {name}"))
-        except ValueError as e:  # JSONDecodeError, RecursionError's kin: not what save_to_disk writes
+            read[name] = json.loads(text)
+        except ValueError as e:  # JSONDecodeError: not what save_to_disk writes
             raise TrajlakeError(f"{folder / name}: not JSON ({e})") from None
         except RecursionError:
             raise TrajlakeError(f"{folder / name}: nests too deep to be a dataset's {name}") from None

@@ -151,11 +151,6 @@ def _refuse_lake_entries(folder: Path, file_ids: dict[Identity, str], folder_ids
                                       "it or write elsewhere")
 
 
-def lake_where(catalog: CatalogURI) -> str:
-    """The lake's local place, as a refusal names it: its catalog file, else its data path."""
-    return str(catalog.catalog_path or catalog.data_path)
-
-
 def check_output_path(catalog: CatalogURI, path: str | Path, what: str) -> Path:
     """The resolved `path` (a file or a folder to write) if writing there cannot touch the lake of `catalog`;
     else OutputPathError naming `what` (the option, e.g. "sql --out") and the lake."""
@@ -173,4 +168,4 @@ def check_output_path(catalog: CatalogURI, path: str | Path, what: str) -> Path:
     return target
 
 
-__all__ = ["MAX_FOLDER_ENTRIES", "OutputPathError", "check_output_path", "lake_identities", "lake_paths", "lake_where"]
+__all__ = ["MAX_FOLDER_ENTRIES", "OutputPathError", "check_output_path", "lake_identities", "lake_paths"]
