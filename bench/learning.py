@@ -149,7 +149,7 @@ def temperature_list(text: str) -> tuple[float, ...]:
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     for name in (*CLI_INTS, "max_new_tokens", "demo_samples", "demo_offset", "sft_batch", "sft_patience",
-                 "rl_eval_every"):
+                 "rl_eval_every", "val_tasks"):
         if name != "seed":
             p.add_argument(f"--{name.replace('_', '-')}", type=int, default=None, help=f"override {name}")
     for name in ("expert_noise", "sft_lr", "lr", "temperature"):

@@ -116,7 +116,11 @@ class DemoConfig:
     micro_batch: int = 32
     """Sequences per forward/backward pass."""
     eval_tasks: int = 100
-    """Held-out tasks each policy is evaluated on, greedily (test split; val for the SFT checkpoints)."""
+    """Held-out test tasks each policy is evaluated on, greedily."""
+    val_tasks: int | None = None
+    """Val tasks of every choice made on val (each SFT checkpoint, the temperature sweep, GRPO's evaluations);
+    None: eval_tasks. Fewer than the test's 100 where evaluations decide what fits in the time (SmolLM2 on 2
+    cores); the choices' intervals widen accordingly."""
     seed: int = 0
     """Seeds the demonstrations, the SFT and GRPO runs and the samplers."""
     report: Path = Path("reports/demo")
@@ -133,6 +137,11 @@ class DemoConfig:
         """The rollout settings every stage shares (the policy must be evaluated the way it was trained)."""
         return dict(env=self.env, env_url=self.env_url, difficulty=self.difficulty, max_turns=self.max_turns,
                     template=self.template, max_new_tokens=self.max_new_tokens)
+
+    @property
+    def val_eval_tasks(self) -> int:
+        """How many val tasks each choice on val plays."""
+        return self.eval_tasks if self.val_tasks is None else self.val_tasks
 
     @property
     def expert(self) -> str:
@@ -158,6 +167,8 @@ class DemoConfig:
                      "sft_patience", "iterations", "tasks", "samples", "micro_batch", "eval_tasks", "rl_eval_every"):
             if getattr(self, name) < 1:
                 raise TrajlakeError(f"demo: {name} must be >= 1, got {getattr(self, name)}")
+        if self.val_tasks is not None and self.val_tasks < 1:
+            raise TrajlakeError(f"demo: val_tasks must be >= 1 (or unset: eval_tasks), got {self.val_tasks}")
         if self.demo_offset < 0:
             raise TrajlakeError(f"demo: demo_offset must be >= 0, got {self.demo_offset}")
         if self.sft_every > self.sft_steps:
@@ -257,7 +268,8 @@ def evaluate_policies(cfg: DemoConfig, lake: Lake, policies: list[str], model: P
     from trajlake.evaluate.config import EvalConfig
     from trajlake.evaluate.run import evaluate
 
-    ec = EvalConfig(policies=tuple(policies), split=split, tasks=cfg.eval_tasks, greedy=True, tokenizer=str(model),
+    tasks = cfg.val_eval_tasks if split == "val" else cfg.eval_tasks  # only a DemoConfig evaluates on val
+    ec = EvalConfig(policies=tuple(policies), split=split, tasks=tasks, greedy=True, tokenizer=str(model),
                     seed=cfg.seed, progress=cfg.progress, **cfg.rollout)
     return evaluate(ec, lake).summary
 
@@ -300,7 +312,7 @@ def recipe(cfg: DemoConfig, lake: Lake, model: Path) -> RecipeResult:
     settings = dict(iterations=cfg.iterations, tasks=cfg.tasks, samples=cfg.samples, lr=cfg.lr,
                     temperature=temperature, advantage=cfg.advantage, micro_batch=cfg.micro_batch,
                     minibatch_size=cfg.tasks * cfg.samples, eval_every=cfg.rl_eval_every, eval_split="val",
-                    eval_tasks=cfg.eval_tasks, task_selector=cfg.task_selector, report_to=["tensorboard"])
+                    eval_tasks=cfg.val_eval_tasks, task_selector=cfg.task_selector, report_to=["tensorboard"])
     grpo = train_stage(cfg, lake, "grpo-doors-noisy.toml", run_id=f"{cfg.prefix}-grpo", model=sft_policy,
                        **{**settings, **cfg.train_overrides})
     seconds["grpo_s"] = time.perf_counter() - t

@@ -72,7 +72,7 @@ def choose_rollout_temperature(cfg, lake: Lake, policy: str, model: Path) -> flo
     from trajlake.evaluate.config import EvalConfig
     from trajlake.evaluate.temperature import sweep_temperatures
 
-    base = EvalConfig(policies=(policy,), split="val", tasks=cfg.eval_tasks, tokenizer=str(model), seed=cfg.seed,
+    base = EvalConfig(policies=(policy,), split="val", tasks=cfg.val_eval_tasks, tokenizer=str(model), seed=cfg.seed,
                       progress=cfg.progress, **cfg.rollout)
     result = sweep_temperatures(lake, base, policy, tuple(cfg.temperatures), split="val")
     if cfg.progress:

@@ -9,7 +9,7 @@ import pytest
 
 from tests.helpers import tiny_model_dir
 from trajlake.core.errors import TrajlakeError
-from trajlake.recipes.demo import DemoConfig, main
+from trajlake.recipes.demo import DemoConfig, evaluate_policies, main
 from trajlake.store import Lake
 
 SMALL = ["--demos", "64", "--sft-steps", "4", "--sft-every", "2", "--iterations", "2", "--tasks", "4", "--samples", "2",
@@ -65,6 +65,19 @@ def test_demo_config_errors():
     with pytest.raises(TrajlakeError, match="demo: unknown env 'nosuch'; valid envs: .*doors"):
         DemoConfig(env="nosuch")
     assert DemoConfig(env="maze", difficulty=1, expert_noise=0).expert == "scripted:maze"
+    with pytest.raises(TrajlakeError, match=r"val_tasks must be >= 1 \(or unset: eval_tasks\), got 0"):
+        DemoConfig(val_tasks=0)
+
+
+def test_val_tasks_sizes_the_choices_on_val_and_not_the_test(tmp_path, tmp_path_factory):
+    """Val evaluations (SFT checkpoints, the sweep, GRPO's) play val_tasks; the held-out test plays eval_tasks."""
+    model = tiny_model_dir(tmp_path_factory)
+    cfg = DemoConfig(lake=str(tmp_path / "lake"), eval_tasks=3, val_tasks=2, progress=False)
+    assert DemoConfig(eval_tasks=3).val_eval_tasks == 3
+    with Lake.open(cfg.lake) as lake:
+        test = evaluate_policies(cfg, lake, [f"hf:{model}"], model)
+        val = evaluate_policies(cfg, lake, [f"hf:{model}"], model, split="val")
+    assert (test["tasks"][0], val["tasks"][0]) == (3, 2)
 
 
 def test_demo_reports_errors_in_one_line(tmp_path, capsys):
