@@ -95,6 +95,15 @@ class TrainConfig(RolloutConfig):
     (a split without an end needs a number)."""
     samples: int = 4
     """Samples per task: the group size K of GRPO (>= 2 for grpo, else every advantage is 0)."""
+    min_outcome_groups: int = added_later(0)
+    """DAPO's dynamic sampling: when an iteration's `tasks` groups hold fewer than this many whose samples'
+    outcomes differ, it plays another round of `tasks` other tasks (collect run `<run_id>/it-<n>/round-<k>`),
+    up to `sampling_rounds` rounds, and the update learns from every round's groups. 0: one round. The tasks of a
+    round are the selector's next ones (a query selector's first not yet played this iteration; with rotation,
+    iteration i reserves blocks i*R .. i*R+R-1 of the split). Each iteration records the rounds it played."""
+    sampling_rounds: int = added_later(1)
+    """With min_outcome_groups: the most rounds an iteration plays (DAPO's max_num_gen_batches), bounding its
+    time when the policy wins nothing or everything."""
     iterations: int = operational(10)
     """Iterations (collect -> score -> update -> checkpoint) of grpo/ppo."""
     reward_spec: str | None = None

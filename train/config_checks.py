@@ -54,7 +54,7 @@ INT_RANGES = {"seed": (0, MAX_SEED), "train_snapshot": (0, MAX_SNAPSHOT), "sft_s
 #: counts for which 0 means nothing (no tasks, empty batches, no steps): >= 1
 AT_LEAST_ONE = ("tasks", "samples", "epochs", "minibatch_size", "micro_batch", "grad_accum", "eval_tasks", "sft_steps",
                 "log_every", "replay_staleness", "max_turns", "max_new_tokens", "max_context_tokens", "concurrency",
-                "replicas", "horizon_every")
+                "replicas", "horizon_every", "sampling_rounds")
 
 
 class ConfigError(TrajlakeError):
@@ -149,6 +149,25 @@ def check_train_config(c: CheckedConfig) -> None:
         raise ConfigError(f"train config: {adv} compares the samples of a task: samples must be >= {group}, "
                           f"got {c.samples}")
     _check_group_filter(c)
+    _check_dynamic_sampling(c)
+
+
+def _check_dynamic_sampling(c: CheckedConfig) -> None:
+    """min_outcome_groups and sampling_rounds: fresh rollouts of groups that can differ, a reachable count."""
+    if not c.min_outcome_groups:
+        if c.sampling_rounds > 1:
+            raise ConfigError(f"train config: sampling_rounds {c.sampling_rounds} plays further rounds only to reach "
+                              "min_outcome_groups; set min_outcome_groups (or sampling_rounds = 1)")
+        return
+    if c.train_filter:
+        raise ConfigError("train config: min_outcome_groups samples more rollouts; a train_filter run trains on "
+                          "stored ones and plays none")
+    if c.samples < 2:
+        raise ConfigError(f"train config: min_outcome_groups counts groups whose samples' outcomes differ: samples "
+                          f"must be >= 2, got {c.samples}")
+    if c.min_outcome_groups > c.tasks * c.sampling_rounds:
+        raise ConfigError(f"train config: min_outcome_groups {c.min_outcome_groups} exceeds the groups "
+                          f"{c.sampling_rounds} rounds of {c.tasks} tasks can hold; lower it or raise sampling_rounds")
 
 
 def _check_entry_rules(c: CheckedConfig) -> None:

@@ -183,7 +183,7 @@ def iteration_metrics(it: int, batch, update: dict[str, float], got: IterationEp
             "success_mean": float(batch.success.float().mean()), "agent_tokens": agent_tokens,
             "collect_s": collect_s, "update_s": update_s,
             "rollout_tokens_per_s": agent_tokens / max(collect_s, 1e-9), **update,
-            "episodes_where": got.where, "replayed": got.replayed / len(got.seqs)}
+            "episodes_where": got.where, "replayed": got.replayed / len(got.seqs), "sampling_rounds": got.rounds}
 
 
 def sft(config: TrainConfig, lake: Lake | None) -> RunResult:

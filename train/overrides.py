@@ -13,7 +13,8 @@ from typing import Any
 
 #: the overridable fields, in the order the options are listed
 OVERRIDES = ("algo", "run_id", "model", "iterations", "env_url", "reward_spec", "train_filter", "train_snapshot",
-             "report_to", "lr", "kl_coef", "temperature", "group_filter", "task_selector")
+             "report_to", "lr", "kl_coef", "temperature", "group_filter", "task_selector", "min_outcome_groups",
+             "sampling_rounds")
 
 #: the types one value on a command line parses as
 _SCALARS = (str, int, float)

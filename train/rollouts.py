@@ -36,33 +36,50 @@ def rotation_offset(iteration: int, tasks: int, split_size: int | None) -> int:
     return (iteration % blocks) * tasks
 
 
-def rollout_config(r: TrainRun, policy_id: str, it: int):
-    """The collect run of iteration `it` (from 0) of this train run (collect's own checks run on it): the
-    train config's rollout settings, sampled with seed + it, at the horizon curriculum's turn cap of that
-    iteration (`TrainConfig.turns_at`: max_turns when it is off), on the next `tasks` tasks of the split
-    (`rotation_offset`) or those the run's task_selector query chooses (`selected_positions`)."""
+#: how far apart the sampler seeds of an iteration's rounds are (a prime: round k of iteration i and round 0 of
+#: iteration i + k * stride never meet in a run of fewer iterations)
+ROUND_SEED_STRIDE = 1_000_003
+
+
+def round_run_id(run_id: str, it: int, round_: int = 0) -> str:
+    """The collect run of round `round_` (from 0) of iteration `it` (from 0): `<run_id>/it-<n>`, and for the
+    further rounds of dynamic sampling `<run_id>/it-<n>/round-<k>` (k from 2)."""
+    first = f"{run_id}/it-{it + 1}"
+    return first if round_ == 0 else f"{first}/round-{round_ + 1}"
+
+
+def rollout_config(r: TrainRun, policy_id: str, it: int, round_: int = 0, played: frozenset[int] = frozenset()):
+    """The collect run of round `round_` of iteration `it` (from 0) of this train run (collect's own checks run
+    on it): the train config's rollout settings, sampled with seed + it (and the round), at the horizon
+    curriculum's turn cap of that iteration (`TrainConfig.turns_at`: max_turns when it is off), on the next
+    `tasks` tasks of the split (`rotation_offset`; with sampling_rounds R, iteration i's rounds take blocks
+    i*R .. i*R+R-1) or those the run's task_selector query chooses outside `played` (`selected_positions`)."""
     from dataclasses import replace
 
     from trajlake.collect.config import CollectConfig, rollout_fields
     from trajlake.collect.envs import make_env
 
     c = r.cfg
+    seed = (c.seed + it + round_ * ROUND_SEED_STRIDE) % 2**31  # each round its own sampler stream
     cc = CollectConfig(**rollout_fields(c, concurrency=min(c.concurrency, c.tasks * c.samples),
                                         max_turns=c.turns_at(it)),
-                       policy=f"policy:{policy_id}", tasks=c.tasks, samples=c.samples, seed=c.seed + it,
-                       run_id=f"{r.run_id}/it-{it + 1}", progress=False, run_kind="collect", parent_run_id=r.run_id)
+                       policy=f"policy:{policy_id}", tasks=c.tasks, samples=c.samples, seed=seed,
+                       run_id=round_run_id(r.run_id, it, round_), progress=False, run_kind="collect",
+                       parent_run_id=r.run_id)
     env = make_env(cc.env, **cc.env_args)
     if c.task_selector != "rotation":
-        return replace(cc, task_positions=selected_positions(r, env, cc, it))
+        return replace(cc, task_positions=selected_positions(r, env, cc, it, played))
     if not c.rotate_tasks:
         return cc
-    return replace(cc, task_offset=rotation_offset(it, c.tasks, env.split_size(cc.split)))
+    block = it * c.sampling_rounds + round_
+    return replace(cc, task_offset=rotation_offset(block, c.tasks, env.split_size(cc.split)))
 
 
-def selected_positions(r: TrainRun, env, cc, it: int) -> tuple[int, ...]:
+def selected_positions(r: TrainRun, env, cc, it: int, played: frozenset[int] = frozenset()) -> tuple[int, ...]:
     """The tasks iteration `it` plays under a query task_selector: those its collect run recorded when it was
     begun already (a restarted iteration plays what it started), else the query's first `tasks` over the
-    split's first task_pool tasks, as the lake is now."""
+    split's first task_pool tasks, as the lake is now, other than the positions `played` (this iteration's
+    earlier rounds)."""
     from trajlake.store import runs
     from trajlake.train.task_select import TaskSelectorError, select_positions, selector_query
 
@@ -74,11 +91,14 @@ def selected_positions(r: TrainRun, env, cc, it: int) -> tuple[int, ...]:
     if pool is None:
         raise TaskSelectorError(f"task_selector {c.task_selector}: split {cc.split!r} of {cc.env} has no end; set "
                                 "task_pool (how many of its first tasks to choose from)")
-    if pool < c.tasks:
-        raise TaskSelectorError(f"task_selector {c.task_selector}: task_pool {pool} is smaller than tasks {c.tasks}")
+    if pool < c.tasks * c.sampling_rounds:
+        rounds = f" x sampling_rounds {c.sampling_rounds}" if c.sampling_rounds > 1 else ""
+        raise TaskSelectorError(f"task_selector {c.task_selector}: task_pool {pool} is smaller than tasks "
+                                f"{c.tasks}{rounds}")
     candidates = env.tasks(cc.split, n=pool, difficulty=cc.difficulty)
     return select_positions(r.lake, selector_query(c.task_selector), c.task_selector, candidates, run_id=r.run_id,
-                            iteration=it + 1, n=c.tasks, samples=c.samples, start_policy=r.start_pid)
+                            iteration=it + 1, n=c.tasks, samples=c.samples, start_policy=r.start_pid,
+                            exclude=played)
 
 
 def eval_config(r: TrainRun, policy_id: str, step: int):

@@ -102,11 +102,14 @@ def stored_data(lake: Lake, config: TrainConfig, spec, pinned: int | None) -> St
 def replay_filter(config: TrainConfig, run_id: str, it: int, lake: Lake, snapshot: int) -> str | None:
     """The replayed share of iteration `it` (from 0) of a run mixing replay into fresh rollouts: a filter of
     `replay_ratio / (1 - replay_ratio)` groups per fresh group, drawn (seeded by seed + it) from this run's
-    rollouts of the last `replay_staleness` iterations that `replay_filter` keeps. None: nothing to replay
+    rollouts of the last `replay_staleness` iterations (every round of each) that `replay_filter` keeps. None: nothing to replay
     (no replay, the first iteration, or an empty pool)."""
     if config.replay_ratio <= 0 or it == 0:
         return None
-    runs = [f"{run_id}/it-{j}" for j in range(max(1, it + 1 - config.replay_staleness), it + 1)]
+    from trajlake.train.rollouts import round_run_id
+
+    runs = [round_run_id(run_id, j, k) for j in range(max(0, it - config.replay_staleness), it)
+            for k in range(config.sampling_rounds)]
     pool = f"run_id IN ({sql_list(runs)})" + (f" AND ({config.replay_filter})" if config.replay_filter else "")
     need = ADVANTAGES[config.advantage_name].min_group_size
     groups = [g for g, n in lake.query(GROUPS_SQL.format(where=pool), snapshot=snapshot).iter_rows() if n >= need]

@@ -99,9 +99,10 @@ def candidate_table(tasks: list) -> pa.Table:
 
 
 def select_positions(lake, sql: str, name: str, tasks: list, *, run_id: str, iteration: int, n: int, samples: int,
-                     start_policy: str | None) -> tuple[int, ...]:
-    """The positions (in `tasks`, the candidate pool) of the first `n` task ids the selector query returns.
-    TaskSelectorError when it returns fewer than `n` candidates, or ids that are not candidates."""
+                     start_policy: str | None, exclude: frozenset[int] = frozenset()) -> tuple[int, ...]:
+    """The positions (in `tasks`, the candidate pool) of the first `n` task ids the selector query returns,
+    passing over the positions in `exclude` (those this iteration played already). TaskSelectorError when it
+    returns fewer than `n` such candidates, or ids that are not candidates."""
     params = pa.table({"run_id": [run_id], "iteration": pa.array([iteration], pa.int64()),
                        "tasks": pa.array([n], pa.int64()), "samples": pa.array([samples], pa.int64()),
                        "start_policy": pa.array([start_policy], pa.string())})
@@ -118,12 +119,13 @@ def select_positions(lake, sql: str, name: str, tasks: list, *, run_id: str, ite
         if task_id not in position:
             raise TaskSelectorError(f"task_selector {name}: it returned {str(task_id)[:80]!r}, which is not one of "
                                     "the candidates (the split's tasks it may choose from)")
-        if position[task_id] not in chosen:
+        if position[task_id] not in chosen and position[task_id] not in exclude:
             chosen.append(position[task_id])
         if len(chosen) == n:
             return tuple(chosen)
-    raise TaskSelectorError(f"task_selector {name}: it returned {len(chosen)} distinct candidates; iteration "
-                            f"{iteration} plays {n} tasks")
+    played = f" besides the {len(exclude)} this iteration played already" if exclude else ""
+    raise TaskSelectorError(f"task_selector {name}: it returned {len(chosen)} distinct candidates{played}; "
+                            f"iteration {iteration} plays {n} tasks")
 
 
 __all__ = ["TASK_SELECTORS", "TaskSelector", "TaskSelectorError", "candidate_table", "check_selector_sql",
