@@ -3,8 +3,8 @@ its config class) however many commands take it:
 
 - `rollout_options`: RolloutConfig's fields as `--kebab-case` options of `collect` and `evaluate`, with the
   field's default and its docstring as the help;
-- `override_options`: the TrainConfig fields of train/overrides.py's OVERRIDES as options of `train`, each
-  None unless given (the config file's value stands).
+- `override_options`: every TrainConfig field (train/overrides.py) as an option of `train`, each None unless
+  given (the config file's value stands).
 
 Both splice the options into a typer command's signature and hand the command their values as one dict.
 """
@@ -45,13 +45,14 @@ def rollout_options(config_cls: type, *, required: tuple[str, ...] = ()) -> Call
 
 
 def override_options() -> Callable[[Callable], Callable]:
-    """Decorator for a typer command `fn(..., overrides: dict)`: one option per TrainConfig override (None
-    unless given; a tuple field's option repeats), and `fn` receives the ones given as the `overrides` dict,
+    """Decorator for a typer command `fn(..., overrides: dict)`: one option per TrainConfig field (None unless
+    given; a tuple field's option repeats, a bool is `--x/--no-x`), and `fn` receives the ones given as the `overrides` dict,
     ready for `load_config(path, **overrides)`."""
 
     def option(o: Override) -> inspect.Parameter:
         annotation = (list[o.type] if o.repeated else o.type) | None
-        opt = typer.Option(None, o.option, help=o.help, show_default=False, rich_help_panel=OVERRIDES_PANEL)
+        flag = f"{o.option}/--no-{o.option[2:]}" if o.type is bool else o.option
+        opt = typer.Option(None, flag, help=o.help, show_default=False, rich_help_panel=OVERRIDES_PANEL)
         return inspect.Parameter(o.field, inspect.Parameter.KEYWORD_ONLY, default=opt, annotation=annotation)
 
     return _spliced([option(o) for o in override_specs()], into="overrides", finish=given_overrides)

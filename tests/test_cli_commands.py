@@ -1,6 +1,7 @@
 """The CLI's shape: commands registered by their group modules, the train overrides made once from TrainConfig
 for both `trajlake train` and `python -m trajlake.train`, and `train` made only when it is asked for."""
 
+import dataclasses
 import subprocess
 import sys
 
@@ -15,7 +16,7 @@ from trajlake.core.config_types import field_docs
 from trajlake.evaluate.config import EvalConfig
 from trajlake.train.__main__ import parser
 from trajlake.train.config import TrainConfig
-from trajlake.train.overrides import OVERRIDES, given_overrides, option_name, override_specs
+from trajlake.train.overrides import given_overrides, option_name, override_fields, override_specs
 
 
 def test_every_command_is_listed_in_the_pipeline_order():
@@ -29,7 +30,9 @@ def test_train_options_are_the_overrides_with_the_field_docs_as_help():
     out = CliRunner().invoke(app, ["train", "--help"], env={"COLUMNS": "300"}).output
     text = " ".join(word for word in out.split() if word != "│")  # the words, without the table's borders
     docs = field_docs(TrainConfig)
-    for field in OVERRIDES:
+    fields = override_fields()
+    assert set(fields) == {f.name for f in dataclasses.fields(TrainConfig)}  # every field, each with its doc
+    for field in fields:
         assert option_name(field) in out, field
         assert docs[field] in text, field  # the field's docstring is the option's help, whole
     assert "Config overrides" in out
@@ -38,11 +41,13 @@ def test_train_options_are_the_overrides_with_the_field_docs_as_help():
 def test_python_m_train_takes_the_same_overrides_typed_by_the_fields():
     options = override_specs()
     p = parser(options)
-    assert [o.field for o in options] == list(OVERRIDES)
+    assert [o.field for o in options] == list(override_fields())
     args = p.parse_args(["--config", "c.toml", "--iterations", "3", "--train-snapshot", "7", "--report-to",
-                         "tensorboard", "--report-to", "wandb", "--run-id", "r1"])
+                         "tensorboard", "--report-to", "wandb", "--run-id", "r1", "--no-rotate-tasks",
+                         "--save-optimizer", "--kl-coef", "0.01", "--min-outcome-groups", "2"])
     got = given_overrides({o.field: getattr(args, o.field) for o in options})
-    assert got == {"iterations": 3, "train_snapshot": 7, "report_to": ["tensorboard", "wandb"], "run_id": "r1"}
+    assert got == {"iterations": 3, "train_snapshot": 7, "report_to": ["tensorboard", "wandb"], "run_id": "r1",
+                   "rotate_tasks": False, "save_optimizer": True, "kl_coef": 0.01, "min_outcome_groups": 2}
     assert "grpo/%'" in p.format_help()  # a % in a field's doc is shown, not taken for a format
     with pytest.raises(SystemExit):
         p.parse_args(["--config", "c.toml", "--iterations", "many"])
@@ -88,5 +93,6 @@ def test_a_field_the_command_line_cannot_spell_is_refused_as_an_override():
 
     assert _option_type("train_snapshot", int | None) == (int, False)
     assert _option_type("report_to", tuple[str, ...]) == (str, True)
-    with pytest.raises(TypeError, match="progress"):  # a bool would need --progress/--no-progress
-        _option_type("progress", bool)
+    assert _option_type("progress", bool) == (bool, False)  # --progress/--no-progress
+    with pytest.raises(TypeError, match="extras"):  # a mapping needs a file
+        _option_type("extras", dict[str, int])

@@ -18,8 +18,13 @@ def parser(options: list[Override]) -> argparse.ArgumentParser:
     overrides = p.add_argument_group("config overrides", "each replaces that field of the config")
     for o in options:
         # argparse formats help with %: a literal one (a LIKE pattern in a field's doc) is doubled
-        overrides.add_argument(o.option, dest=o.field, type=o.type, action="append" if o.repeated else "store",
-                               default=None, help=o.help.replace("%", "%%"))
+        text = o.help.replace("%", "%%")
+        if o.type is bool:
+            overrides.add_argument(o.option, dest=o.field, action=argparse.BooleanOptionalAction, default=None,
+                                   help=text)
+        else:
+            overrides.add_argument(o.option, dest=o.field, type=o.type, default=None, help=text,
+                                   action="append" if o.repeated else "store")
     p.add_argument("--local_rank", type=int, default=None, help=argparse.SUPPRESS)  # the deepspeed launcher's
     return p
 

@@ -1,7 +1,8 @@
-"""The TrainConfig fields a command line may override, declared once: `trajlake train` (cli/train.py) and
-`python -m trajlake.train` (train/__main__.py) both make one `--kebab-case` option per field of OVERRIDES,
-typed by the field's annotation and helped by its docstring. An option given replaces the config file's value
-(`load_config(path, **values)`); one left out keeps it.
+"""Every TrainConfig field is a command-line override, declared once (as the field): `trajlake train`
+(cli/train.py) and `python -m trajlake.train` (train/__main__.py) both make one `--kebab-case` option per
+field, in declaration order, typed by the field's annotation (a bool is `--x/--no-x`, a tuple field's option
+repeats) and helped by its docstring, as TRL's HfArgumentParser does. An option given replaces the config
+file's value (`load_config(path, **values)`); one left out keeps it.
 """
 
 from __future__ import annotations
@@ -11,13 +12,15 @@ import types
 import typing
 from typing import Any
 
-#: the overridable fields, in the order the options are listed
-OVERRIDES = ("algo", "run_id", "model", "iterations", "env_url", "reward_spec", "train_filter", "train_snapshot",
-             "report_to", "lr", "kl_coef", "temperature", "group_filter", "task_selector", "min_outcome_groups",
-             "sampling_rounds")
-
 #: the types one value on a command line parses as
-_SCALARS = (str, int, float)
+_SCALARS = (str, int, float, bool)
+
+
+def override_fields() -> tuple[str, ...]:
+    """The overridable fields: every TrainConfig field, in declaration order."""
+    from trajlake.train.config import TrainConfig  # here, not at import: the module imports torch
+
+    return tuple(f.name for f in dataclasses.fields(TrainConfig))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -29,7 +32,7 @@ class Override:
     option: str
     """Its option, e.g. `--run-id`."""
     type: type
-    """What one value parses as: str, int or float."""
+    """What one value parses as: str, int, float, or bool (a `--x/--no-x` flag)."""
     repeated: bool
     """A tuple field: the option is given once per item (`--report-to a --report-to b`)."""
     help: str
@@ -37,14 +40,14 @@ class Override:
 
 
 def override_specs() -> list[Override]:
-    """OVERRIDES as options, from TrainConfig's annotations and field docstrings."""
+    """Every TrainConfig field as an option, from its annotation and docstring."""
     from trajlake.core.config_types import field_docs
     from trajlake.train.config import TrainConfig  # here, not at import: the module imports torch
 
     hints = typing.get_type_hints(TrainConfig)
     docs = field_docs(TrainConfig)
     out = []
-    for name in OVERRIDES:
+    for name in override_fields():
         value_type, repeated = _option_type(name, hints[name])
         out.append(Override(field=name, option=option_name(name), type=value_type, repeated=repeated,
                             help=docs[name]))
@@ -72,9 +75,9 @@ def _option_type(name: str, hint: Any) -> tuple[type, bool]:
     if repeated:
         args = typing.get_args(hint)
         hint = args[0] if len(args) == 2 and args[1] is Ellipsis else hint
-    if hint not in _SCALARS:  # a field the command line cannot spell (a bool needs --x/--no-x, a mapping a file)
+    if hint not in _SCALARS:  # a field the command line cannot spell (a mapping needs a file)
         raise TypeError(f"TrainConfig.{name} ({hint}) cannot be a command-line override")
     return hint, repeated
 
 
-__all__ = ["OVERRIDES", "Override", "override_specs", "option_name", "given_overrides"]
+__all__ = ["Override", "override_fields", "override_specs", "option_name", "given_overrides"]
