@@ -45,9 +45,9 @@ def rollout_options(config_cls: type, *, required: tuple[str, ...] = ()) -> Call
 
 
 def override_options() -> Callable[[Callable], Callable]:
-    """Decorator for a typer command `fn(..., overrides: dict)`: one option per TrainConfig field (None unless
-    given; a tuple field's option repeats, a bool is `--x/--no-x`), and `fn` receives the ones given as the `overrides` dict,
-    ready for `load_config(path, **overrides)`."""
+    """Decorator for a typer command `fn(..., overrides: dict)`: one option per TrainConfig field (None
+    unless given; a tuple field's option repeats, a bool is `--x/--no-x`), and `fn` receives the ones given
+    as the `overrides` dict, ready for `load_config(path, **overrides)`."""
 
     def option(o: Override) -> inspect.Parameter:
         annotation = (list[o.type] if o.repeated else o.type) | None

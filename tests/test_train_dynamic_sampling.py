@@ -50,10 +50,10 @@ def test_rounds_play_other_tasks_until_enough_groups_differ(model, lake, selecto
     from trajlake.train.loop import train
 
     train(cfg, lake)
-    steps = lake.query("SELECT step, metrics, episode_ids FROM train_steps WHERE run_id = ? AND step > 0 "
+    steps = lake.query("SELECT metrics, episode_ids FROM train_steps WHERE run_id = ? AND step > 0 "
                        "ORDER BY step", [cfg.run_id])
     assert steps.height == 2
-    for it, (step, metrics, episode_ids) in enumerate(steps.iter_rows(), start=1):
+    for it, (metrics, episode_ids) in enumerate(steps.iter_rows(), start=1):
         played = _check_rounds_stop_where_they_should(lake, cfg.run_id, it, need=4, most=3)
         assert json.loads(metrics)["sampling_rounds"] == len(played)
         tasks = lake.query("SELECT run_id, task_id FROM episodes WHERE list_contains(?, run_id)", [played])
@@ -111,11 +111,12 @@ def test_a_selector_passes_over_the_tasks_the_iteration_played(lake):
     (dict(sampling_rounds=2), r"sampling_rounds 2 plays further rounds only to reach min_outcome_groups"),
     (dict(sampling_rounds=0), r"sampling_rounds must be >= 1, got 0"),
     (dict(min_outcome_groups=-1), r"min_outcome_groups must be >= 0, got -1"),
-    (dict(min_outcome_groups=5, sampling_rounds=2, tasks=2), r"min_outcome_groups 5 exceeds the groups 2 rounds of "
-                                                             r"2 tasks can hold"),
+    (dict(min_outcome_groups=5, sampling_rounds=2, tasks=2),
+     r"min_outcome_groups 5 exceeds the groups 2 rounds of 2 tasks can hold"),
     (dict(min_outcome_groups=1, samples=1, advantage="reinforce++", group_filter="all"),
      r"samples must be >= 2, got 1"),
-    (dict(min_outcome_groups=1, train_filter="success", old_logprobs="behaviour"), r"a train_filter run trains on stored ones"),
+    (dict(min_outcome_groups=1, train_filter="success", old_logprobs="behaviour"),
+     r"a train_filter run trains on stored ones"),
 ])
 def test_dynamic_sampling_settings_are_checked(model, kw, message):
     with pytest.raises(ConfigError, match=message):

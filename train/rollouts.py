@@ -58,6 +58,7 @@ def rollout_config(r: TrainRun, policy_id: str, it: int, round_: int = 0, played
 
     from trajlake.collect.config import CollectConfig, rollout_fields
     from trajlake.collect.envs import make_env
+    from trajlake.train.task_select import is_query
 
     c = r.cfg
     seed = (c.seed + it + round_ * ROUND_SEED_STRIDE) % 2**31  # each round its own sampler stream
@@ -67,7 +68,7 @@ def rollout_config(r: TrainRun, policy_id: str, it: int, round_: int = 0, played
                        run_id=round_run_id(r.run_id, it, round_), progress=False, run_kind="collect",
                        parent_run_id=r.run_id)
     env = make_env(cc.env, **cc.env_args)
-    if c.task_selector != "rotation":
+    if is_query(c.task_selector):
         return replace(cc, task_positions=selected_positions(r, env, cc, it, played))
     if not c.rotate_tasks:
         return cc

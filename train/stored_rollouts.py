@@ -102,8 +102,8 @@ def stored_data(lake: Lake, config: TrainConfig, spec, pinned: int | None) -> St
 def replay_filter(config: TrainConfig, run_id: str, it: int, lake: Lake, snapshot: int) -> str | None:
     """The replayed share of iteration `it` (from 0) of a run mixing replay into fresh rollouts: a filter of
     `replay_ratio / (1 - replay_ratio)` groups per fresh group, drawn (seeded by seed + it) from this run's
-    rollouts of the last `replay_staleness` iterations (every round of each) that `replay_filter` keeps. None: nothing to replay
-    (no replay, the first iteration, or an empty pool)."""
+    rollouts of the last `replay_staleness` iterations (each one's every round) that `replay_filter`
+    keeps. None: nothing to replay (no replay, the first iteration, or an empty pool)."""
     if config.replay_ratio <= 0 or it == 0:
         return None
     from trajlake.train.rollouts import round_run_id

@@ -49,6 +49,12 @@ TASK_SELECTORS.add("curriculum", TaskSelector(QUERIES_DIR / "curriculum.sql",
                                               "ones; learnable's order within a level"))
 
 
+def is_query(name: str) -> bool:
+    """Whether task_selector `name` chooses by a query (a registered one with a .sql file, or a user's file);
+    False for the rotation through the split."""
+    return name not in TASK_SELECTORS or TASK_SELECTORS[name].query is not None
+
+
 class TaskSelectorError(TrajlakeError):
     """A task selector cannot be used; the message names it and the problem."""
 
@@ -128,5 +134,5 @@ def select_positions(lake, sql: str, name: str, tasks: list, *, run_id: str, ite
                             f"iteration {iteration} plays {n} tasks")
 
 
-__all__ = ["TASK_SELECTORS", "TaskSelector", "TaskSelectorError", "candidate_table", "check_selector_sql",
+__all__ = ["TASK_SELECTORS", "TaskSelector", "TaskSelectorError", "candidate_table", "check_selector_sql", "is_query",
            "select_positions", "selector_query"]
