@@ -96,11 +96,10 @@ def system_prompt(env: Any, template) -> str:
 class Rollout:
     """One collect run. `run()` plays every pending (task, sample) and returns the run id."""
 
-    def __init__(self, config: CollectConfig, lake: Lake, policy: Policy | None = None,
-                 lease: run_lease.Lease | None = None):
+    def __init__(self, config: CollectConfig, lake: Lake, ledger: runs.OpenRun, policy: Policy | None = None):
         self.config = config
         self.lake = lake
-        self.lease = lease  # taken by collect() before the policy loaded; run() gives it back
+        self.ledger = ledger  # the run in the ledger (collect()'s runs.open): its lease, first write and end
         self.template = get_template(config.template_name)
         factory = make_env_factory(config)
         self.probe_env = factory()
@@ -115,7 +114,7 @@ class Rollout:
             raise TrajlakeError(f"policy {config.policy} has no tokenizer: give --tokenizer PATH")
         self.renderer = ChatRenderer(self.policy.tokenizer)
         self.params = SamplingParams(config.temperature, config.top_p, config.max_new_tokens, config.seed)
-        self.run_id = config.run_id or runs.new_run_id("collect")
+        self.run_id = ledger.run_id
         self.pool: EnvPool = (RayEnvPool(factory, config.workers) if config.workers > 0
                               else LocalEnvPool(factory, threads=config.concurrency if self.probe_env.remote else 0))
         self.system = config.system_prompt or system_prompt(self.probe_env, self.template)
@@ -135,7 +134,7 @@ class Rollout:
             raise TrajlakeError(f"env {c.env} split {c.split!r} has no tasks after task_offset {c.task_offset}")
         return tasks
 
-    def _register(self, tasks: list[Task], resumed: runs.StoredRun | None, pending: deque) -> None:
+    def _register(self, tasks: list[Task], pending: deque) -> None:
         """Write the run, the policy and the tasks (idempotent: a resumed run adds nothing); a resumed run with
         episodes to play is marked running again."""
         p = self.policy
@@ -146,9 +145,9 @@ class Rollout:
         if not self.config.policy.startswith("policy:"):
             rows["policies"] = [PolicyRow(p.policy_id, run_id=self.run_id, base_model=p.model_path,
                                           checkpoint_uri=p.model_path, created_at=utc_now())]
-        runs.begin(self.lake, run, stage="collect", message=f"collect: start run {self.run_id}", rows=rows)
-        if resumed is not None and pending:
-            runs.restart(self.lake, resumed, stage="collect")
+        self.ledger.begin(run, message=f"collect: start run {self.run_id}", rows=rows)
+        if self.ledger.resumed is not None and pending:
+            self.ledger.restart()
 
     def _pending(self, tasks: list[Task]) -> deque:
         """(task, sample, episode id) of every pair still to play: never stored, or stored only with env errors
@@ -179,25 +178,21 @@ class Rollout:
 
     # ---- the loop ------------------------------------------------------------------------------
     def run(self) -> str:
-        lease = self.lease
         try:
             self.probe_env.check_server()  # a server of another environment is refused before anything is stored
             tasks = self._tasks()
-            resumed = stored_run(self.lake, self.config, self.system)  # refuses other settings, writing nothing
+            resumed = self.ledger.find(system_prompt=self.system)  # refuses other settings, writing nothing
             pending = self._pending(tasks)
             # One live process per run id (store/lease.py), taken before the first write; a run of a train run
             # (parent_run_id) is covered by that run's lease. A resume with nothing left to do writes nothing,
             # so it takes none either.
             idle = resumed is not None and not pending and resumed.status == "finished"
-            if lease is None and self.config.parent_run_id is None and not idle:
-                lease = run_lease.acquire(self.lake, self.run_id, "collect")
-                resumed = stored_run(self.lake, self.config, self.system)  # as the previous holder left it
-                pending = self._pending(tasks)
-            self._register(tasks, resumed, pending)
+            if self.ledger.lease is None and self.config.parent_run_id is None and not idle:
+                self.ledger.take_lease(system_prompt=self.system)  # and finds the run as the last holder left it
+                resumed, pending = self.ledger.resumed, self._pending(tasks)
+            self._register(tasks, pending)
         except BaseException:
             self.pool.close()
-            if lease is not None:
-                lease.release()
             raise
         from trajlake.collect.progress import CollectProgress
 
@@ -216,19 +211,17 @@ class Rollout:
             self._flush()
             errors = run_errors(self.lake, self.run_id)
             status = "failed" if errors.pairs and errors.errored == errors.pairs else "finished"
-            if bar.total or resumed is None or resumed.status != status:  # an idle resume leaves the row be
-                if status == "failed":
-                    runs.fail(self.lake, self.run_id, stage="collect", error=EnvErrorsOnly(self.run_id, errors).what)
-                else:
-                    runs.finish(self.lake, self.run_id, stage="collect")
-        except BaseException as e:
-            self._flush()  # finished episodes are kept even when the run dies
-            runs.fail(self.lake, self.run_id, stage="collect", error=e)
+            if not bar.total and resumed is not None and resumed.status == status:
+                self.ledger.keep_status()  # an idle resume leaves the row be
+            elif status == "failed":
+                self.ledger.fail(EnvErrorsOnly(self.run_id, errors).what)
+            else:
+                self.ledger.finish()
+        except BaseException:
+            self._flush()  # finished episodes are kept even when the run dies (runs.open marks it failed)
             raise
         finally:
             self.pool.close()
-            if lease is not None:  # ended, failed or interrupted: the next process may run it
-                lease.release()
         if status == "failed":
             raise EnvErrorsOnly(self.run_id, errors)
         return self.run_id
@@ -344,24 +337,20 @@ def collect(config: CollectConfig, lake: Lake, policy: Policy | None = None) -> 
     """Play `config` into `lake`; returns the run id (pass it again to resume, or to retry the episodes that
     ended in env errors). Raises TrajlakeError, writing nothing, when `config.run_id` names a stored run played
     with other settings, and, once it is marked failed, when every episode of the run ended in an env error."""
-    stored = stored_run(lake, config)  # refuse other settings before loading a model (the system prompt: later)
-    lease = None
-    if config.run_id and config.parent_run_id is None:
-        if stored is None or stored.status != "finished":
-            # the lease before the policy loads (seconds; minutes for vLLM or replicas), so a second process
-            # with this run id is refused at once; a finished run may have nothing left to play, and an idle
-            # resume writes nothing, so it only checks here and Rollout.run takes the lease if there is work
-            lease = run_lease.acquire(lake, config.run_id, "collect")
-        else:
-            run_lease.check(lake, config.run_id)  # a run another live process is playing (reads only)
-    try:
-        rollout = Rollout(config, lake, policy, lease=lease)
-    except BaseException:
-        if lease is not None:
-            lease.release()
-        raise
-    try:
-        return rollout.run()
-    finally:
-        if policy is None:
-            rollout.policy.close()
+    run_id = config.run_id or runs.new_run_id("collect")
+    with runs.open(lake, config.run_kind, config, run_id=run_id, kinds=RUN_KINDS, stage="collect",
+                   error=config.error_type, lease=False) as ledger:  # refused before a model loads
+        if config.run_id and config.parent_run_id is None:
+            if ledger.resumed is None or ledger.resumed.status != "finished":
+                # the lease before the policy loads (seconds; minutes for vLLM or replicas), so a second process
+                # with this run id is refused at once; a finished run may have nothing left to play, and an idle
+                # resume writes nothing, so it only checks here and Rollout.run takes the lease if there is work
+                ledger.take_lease()
+            else:
+                run_lease.check(lake, config.run_id)  # a run another live process is playing (reads only)
+        rollout = Rollout(config, lake, ledger, policy)
+        try:
+            return rollout.run()
+        finally:
+            if policy is None:
+                rollout.policy.close()

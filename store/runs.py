@@ -1,21 +1,31 @@
 """The run ledger: the one place that writes the `runs` table, for every kind of run (collect, eval, import,
 train and sft, and the train runs a rescore makes).
 
-A run's life: `find` (read only) returns the stored run a config resumes, refusing, with nothing written, a run
-id stored as another kind of run or with other identifying settings (`differences`, worded by
-`describe_differences`); `begin` writes a new run's row ("running"), in one snapshot with the rows that must
-not be visible without it, or `restart` marks a resumed run running again; `finish` or `fail` ends it.
-Which settings identify a run is declared on the config dataclass's fields (trajlake.core.config_types:
-`operational`, `added_later`), the same way for every stage.
+A run's life is one context, the same for every stage:
+
+    with runs.open(lake, "collect", config, run_id=run_id) as run:   # refuses, takes the lease
+        run.begin(Run(...), rows=...)     # the first write (or run.restart() for a resumed run)
+        ...                               # the stage's work
+    # finished; failed with the error if the body raised; the lease given back either way
+
+`open` finds the stored run the config resumes (`find`, reads only), refusing with nothing written a run id
+stored as another kind of run or with other identifying settings (`differences`, worded by
+`describe_differences`); takes the run id's lease (store/lease.py: one live process per run id) and finds it
+again as a previous holder left it. `begin` writes a new run's row ("running") in one snapshot with the rows
+that must not be visible without it, `restart` marks a resumed run running again; on leaving the context a run
+the body began or restarted is marked finished, or failed with the error that left it, unless the body ended
+it itself. Which settings identify a run is declared on the config dataclass's fields
+(trajlake.core.config_types: `operational`, `added_later`), the same way for every stage.
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import hashlib
 import json
 import uuid
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
@@ -27,7 +37,11 @@ from trajlake.schemas import Run
 
 if TYPE_CHECKING:
     from trajlake.store.lake import Lake
+    from trajlake.store.lease import Lease
     from trajlake.store.write import CommitResult
+
+#: the kinds of run the ledger holds, a closed set (sft and a rescore's runs are train runs)
+KINDS = ("collect", "eval", "import", "train")
 
 #: (field, stored value, given value): one identifying setting a resume would change
 Difference = tuple[str, Any, Any]
@@ -198,5 +212,97 @@ def _end(lake: Lake, run_id: str, status: str, *, stage: str, message: str | Non
                        run_id=run_id, message=message)
 
 
-__all__ = ["StoredRun", "Difference", "new_run_id", "hashed_run_id", "stored", "find", "differences",
-           "describe_differences", "compare", "begin", "record", "restart", "finish", "fail"]
+@dataclass
+class OpenRun:
+    """A run inside `open`: its id, the stored run it resumes (None: a new one), and its ledger writes. The
+    context marks it finished or failed on leaving once the body began or restarted it (`written`), unless the
+    body ended it itself (`ended`)."""
+
+    lake: Lake
+    run_id: str
+    stage: str
+    resumed: StoredRun | None
+    config: Any = None
+    kinds: tuple[str, ...] = ()
+    error: type[TrajlakeError] = TrajlakeError
+    lease: Lease | None = None
+    written: bool = False
+    ended: bool = False
+
+    def take_lease(self, **context: Any) -> None:
+        """Take the run id's lease now (an `open(..., lease=False)` that found work to do) and find the run
+        again as a previous holder left it (`context`: as `find`'s)."""
+        from trajlake.store import lease as run_lease
+
+        if self.lease is None:
+            self.lease = run_lease.acquire(self.lake, self.run_id, self.stage)
+        self.find(**context)
+
+    def find(self, **context: Any) -> StoredRun | None:
+        """The stored run again (refusing other settings: `context` as `find`'s), e.g. once a setting that
+        identifies the run is known (a collect run's system prompt, after its policy loaded)."""
+        self.resumed = find(self.lake, self.run_id, self.config, kinds=self.kinds, error=self.error, **context)
+        return self.resumed
+
+    def begin(self, run: Run, *, message: str | None = None, rows: Mapping[str, Any] | None = None) -> CommitResult:
+        """The run's row with `rows` of other tables in one snapshot (`begin`); a stored run keeps its row."""
+        out = begin(self.lake, run, stage=self.stage, message=message, rows=rows)
+        self.written = True
+        return out
+
+    def restart(self, *, config: Mapping[str, Any] | None = None, message: str | None = None) -> int | None:
+        """The resumed run marked running again (`restart`); the run is then this context's to end."""
+        if self.resumed is None:
+            raise TrajlakeError(f"run {self.run_id}: there is no stored run to restart")
+        out = restart(self.lake, self.resumed, stage=self.stage, config=config, message=message)
+        self.written = True
+        return out
+
+    def keep_status(self) -> None:
+        """Leave the run's row as stored on leaving the context (a resume that found nothing to do)."""
+        self.ended = True
+
+    def finish(self) -> int | None:
+        """Mark the run finished now, rather than on leaving the context."""
+        self.ended = True
+        return finish(self.lake, self.run_id, stage=self.stage)
+
+    def fail(self, error: BaseException | str | None = None) -> int | None:
+        """Mark the run failed now with the body's own wording of why (e.g. every episode an env error)."""
+        self.ended = True
+        return fail(self.lake, self.run_id, stage=self.stage, error=error)
+
+
+@contextlib.contextmanager
+def open(lake: Lake, kind: str, config: Any, *, run_id: str, kinds: tuple[str, ...] | None = None,
+         stage: str | None = None, error: type[TrajlakeError] = TrajlakeError, lease: bool = True,
+         **context: Any) -> Iterator[OpenRun]:
+    """A run's life as one context (see the module docstring): find-or-refuse (`kinds`, default `(kind,)`:
+    the kinds of stored run this one may resume; `error` and `context` as `find`'s), the lease (unless
+    `lease=False`: then `OpenRun.take_lease` takes it once the body finds work to do), and on leaving: a run the
+    body began or restarted and did not end is marked finished, or failed with the error that left the body;
+    the lease is given back either way. `stage` names the writes in the snapshots' commit messages (default:
+    the kind; a run of kind eval is written by collect)."""
+    if kind not in KINDS:
+        raise ValueError(f"unknown run kind {kind!r}; valid: {', '.join(KINDS)}")
+    kinds = kinds or (kind,)
+    resumed = find(lake, run_id, config, kinds=kinds, error=error, **context)  # refused before anything else
+    run = OpenRun(lake, run_id, stage or kind, resumed, config, kinds, error)
+    try:
+        if lease:
+            run.take_lease(**context)
+        yield run
+    except BaseException as e:
+        if run.written and not run.ended:
+            fail(lake, run_id, stage=run.stage, error=e)
+        raise
+    else:
+        if run.written and not run.ended:
+            finish(lake, run_id, stage=run.stage)
+    finally:
+        if run.lease is not None:  # ended, failed or interrupted: the next process may run it
+            run.lease.release()
+
+
+__all__ = ["KINDS", "OpenRun", "StoredRun", "Difference", "open", "new_run_id", "hashed_run_id", "stored", "find",
+           "differences", "describe_differences", "compare", "begin", "record", "restart", "finish", "fail"]

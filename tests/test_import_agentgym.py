@@ -321,7 +321,8 @@ def test_interrupted_import_resumes_and_copies_are_skipped(tmp_path, tok_path):
     with pytest.raises(KeyboardInterrupt):
         import_agentgym(lake, src, str(tok_path), progress=False, chunk_size=2)
     assert (lake.count("episodes"), lake.count("turns")) == (2, 4)  # whole episodes only
-    assert lake.query("SELECT status FROM runs")["status"].to_list() == ["running"]
+    assert lake.query("SELECT status FROM runs")["status"].to_list() == ["failed"]  # as any stage cut short
+    assert any("failed: KeyboardInterrupt" in (m or "") for m in lake.snapshots()["message"].to_list())
     lake.append = real_append
     res = import_agentgym(lake, src, str(tok_path), progress=False, chunk_size=2)  # the same run resumes
     assert (res.episodes_inserted, res.episodes_skipped, res.turns_inserted) == (3, 2, 6)

@@ -134,3 +134,82 @@ def test_only_the_ledger_writes_runs():
     assert len(library) > 50 and ledger in library
     found = [str(p.relative_to(root)) for p in library if p != ledger and writes.search(p.read_text())]
     assert found == []
+
+
+# ---- runs.open: a run's life as one context -------------------------------------------------------
+def _status(lake, run_id: str) -> str | None:
+    run = runs.stored(lake, run_id)
+    return run.status if run else None
+
+
+def test_open_begins_and_finishes_holding_the_lease_throughout(lake):
+    from trajlake.store import lease
+
+    config = Job(name="a")
+    with runs.open(lake, "collect", config, run_id="o1") as run:
+        assert run.resumed is None and lease.holder_of(lake, "o1") is not None
+        run.begin(job_run("o1", config))
+        assert _status(lake, "o1") == "running"
+    assert _status(lake, "o1") == "finished" and lease.holder_of(lake, "o1") is None
+    with runs.open(lake, "collect", config, run_id="o1") as run:  # a resume finds it
+        assert run.resumed.status == "finished"
+        run.restart()
+        assert _status(lake, "o1") == "running"
+    assert _status(lake, "o1") == "finished"
+
+
+def test_open_marks_a_begun_run_failed_with_the_error_and_gives_the_lease_back(lake):
+    from trajlake.store import lease
+
+    config = Job(name="a")
+    with pytest.raises(KeyboardInterrupt), runs.open(lake, "train", config, run_id="o2") as run:
+        run.begin(job_run("o2", config, kind="train"))
+        raise KeyboardInterrupt
+    assert _status(lake, "o2") == "failed" and lease.holder_of(lake, "o2") is None
+    assert any("o2 failed: KeyboardInterrupt" in (m or "") for m in lake.snapshots()["message"].to_list())
+
+
+def test_open_writes_nothing_when_the_body_fails_before_its_first_write(lake):
+    before = lake.snapshots().height
+    with pytest.raises(TrajlakeError, match="refused"), runs.open(lake, "collect", Job(name="a"), run_id="o3",
+                                                                  lease=False):
+        raise TrajlakeError("refused")
+    assert runs.stored(lake, "o3") is None and lake.snapshots().height == before
+
+
+def test_open_refuses_another_kind_and_other_settings_before_any_write(lake):
+    with runs.open(lake, "collect", Job(name="a"), run_id="o4") as run:
+        run.begin(job_run("o4", Job(name="a")))
+    before = lake.snapshots().height
+    with pytest.raises(TrajlakeError, match=r"run o4 already exists as a collect run, not an import run"):
+        with runs.open(lake, "import", Job(name="a"), run_id="o4"):
+            pass
+    with pytest.raises(TrajlakeError, match=r"run o4 already exists with name 'a'; given 'b'"):
+        with runs.open(lake, "collect", Job(name="b"), run_id="o4"):
+            pass
+    with pytest.raises(ValueError, match=r"unknown run kind 'sft'; valid: collect, eval, import, train"):
+        with runs.open(lake, "sft", Job(name="a"), run_id="o5"):
+            pass
+    assert lake.snapshots().height == before  # refused with nothing written, no lease taken
+
+
+def test_open_lets_the_body_end_the_run_its_own_way(lake):
+    config = Job(name="a")
+    with runs.open(lake, "collect", config, run_id="o6") as run:
+        run.begin(job_run("o6", config))
+        run.fail("every episode an env error")
+    assert _status(lake, "o6") == "failed"
+    with runs.open(lake, "collect", config, run_id="o6", lease=False) as run:
+        run.begin(job_run("o6", config))  # stored already: nothing written
+        run.keep_status()  # a resume with nothing to do leaves the row as it was
+    assert _status(lake, "o6") == "failed"
+
+
+def test_only_runs_open_drives_a_runs_life():
+    """No stage begins, restarts, finishes or fails a run, or takes a run's lease, but through runs.open."""
+    root = Path(runs.__file__).resolve().parents[1]
+    calls = re.compile(r"\bruns\.(begin|restart|finish|fail)\(|\brun_lease\.acquire\(")
+    library = [p for d in sorted(root.iterdir()) if (d / "__init__.py").is_file() and d.name != "tests"
+               for p in d.rglob("*.py")]
+    found = sorted(str(p.relative_to(root)) for p in library if calls.search(p.read_text()))
+    assert found == ["store/runs.py"]

@@ -58,12 +58,12 @@ def train(config: TrainConfig, lake: Lake | None) -> RunResult:
 
     check_before_writing(r, spec)
     algo = ALGOS[c.algo]
-    engines = r.build(critic=algo.needs_critic, ref=algo.needs_reference(c))
-    kl_ctl, data = _start_rl(r, spec)
-    result = RunResult(r.run_id, r.policy_id, r.step)
-    source = StoredRollouts(r, data, spec) if data is not None else FreshRollouts(r, engines, spec)
-    streak = NoSignalStreak(c.temperature)
-    try:
+    with r.life():  # the lease before the engines; finished, or failed with the error, once started
+        engines = r.build(critic=algo.needs_critic, ref=algo.needs_reference(c))
+        kl_ctl, data = _start_rl(r, spec)
+        result = RunResult(r.run_id, r.policy_id, r.step)
+        source = StoredRollouts(r, data, spec) if data is not None else FreshRollouts(r, engines, spec)
+        streak = NoSignalStreak(c.temperature)
         with TrainProgress(c.iterations, enabled=c.progress and r.main, run_id=r.run_id, done=r.step) as bar:
             if r.step == 0 and c.eval_every:
                 m = evaluate(r, engines, r.policy_id, r.model_path, 0)
@@ -78,32 +78,23 @@ def train(config: TrainConfig, lake: Lake | None) -> RunResult:
                 result.policy_id, result.step = r.policy_id, r.step
                 result.history.append(metrics)
                 bar.update(r.step, metrics)
-        r.finish()
-    except BaseException as e:
-        r.fail(e)
-        raise
     return result
 
 
 def _start_rl(r: TrainRun, spec) -> tuple[Any, Any]:
     """(the KL controller, restored on a resume; the stored rollouts of train_filter, scored and pinned, else
-    None), and the run's row written: the first write, every check before it only read. The lease (held since
-    `r.build`) is given back when this fails."""
+    None), and the run's row written: the first write, every check before it only read."""
     from trajlake.train.stored_rollouts import stored_data
 
     c = r.cfg
-    try:
-        kl_ctl = make_kl_controller(c.kl_controller, c.kl_coef, c.kl_target, c.kl_horizon)
-        if "kl_controller" in r.state:
-            kl_ctl.load_state_dict(r.state["kl_controller"])
-        data = None
-        if c.train_filter:
-            pinned = r.stored.config.get("train_snapshot_read") if r.stored else None
-            data = on_main(r.main, lambda: stored_data(r.lake, c, spec, pinned))
-        r.start(**({"train_snapshot_read": data.snapshot} if data else {}))  # the run's row
-    except BaseException:
-        r.release()
-        raise
+    kl_ctl = make_kl_controller(c.kl_controller, c.kl_coef, c.kl_target, c.kl_horizon)
+    if "kl_controller" in r.state:
+        kl_ctl.load_state_dict(r.state["kl_controller"])
+    data = None
+    if c.train_filter:
+        pinned = r.stored.config.get("train_snapshot_read") if r.stored else None
+        data = on_main(r.main, lambda: stored_data(r.lake, c, spec, pinned))
+    r.start(**({"train_snapshot_read": data.snapshot} if data else {}))  # the run's row
     return kl_ctl, data
 
 
@@ -195,48 +186,45 @@ def sft(config: TrainConfig, lake: Lake | None) -> RunResult:
     if not seqs:
         raise ConfigError(f"train config: no episodes match sft_filter ({c.sft_filter}) at snapshot {snap} (episodes "
                           "that ended in an env error or hold no agent tokens never do)")
-    engines = r.build()
-    try:  # the lease is held since r.build
+    with r.life():  # the lease before the engines; finished, or failed with the error, once started
+        engines = r.build()
         batch = collate(seqs, engines.pad_id)
         r.start()  # the first write: everything above only read, so a refused run left no trace
-    except BaseException:
-        r.release()
-        raise
-    n = batch.size
-    rows_of = _sft_rows(n, min(c.minibatch_size, n), c.seed)
-    result = RunResult(r.run_id, r.policy_id, r.step)
-    t0 = time.perf_counter()
-    try:
+        result = RunResult(r.run_id, r.policy_id, r.step)
         with TrainProgress(c.sft_steps, enabled=c.progress and r.main, run_id=r.run_id, done=r.step,
                            every=c.log_every) as bar:
-            trained: dict[str, None] = {}  # lineage: the episodes of the steps since the last row, in order
-            while r.step < c.sft_steps:
-                rows = rows_of(r.step)
-                try:
-                    m = sft_update(engines, batch, rows, c)
-                except NonFiniteError as e:  # before its checkpoint or metrics row: nothing of the step is stored
-                    raise e.stopped(r.run_id, f"step {r.step + 1}", c) from None
-                trained.update((batch.episode_ids[i], None) for i in rows)
-                r.step += 1
-                m = {"step": r.step, "episodes": n, **m, "elapsed_s": time.perf_counter() - t0}
-                result.history.append(m)
-                bar.update(r.step, m)
-                last = r.step == c.sft_steps
-                if last or (c.checkpoint_every and r.step % c.checkpoint_every == 0):
-                    row, path = r.checkpoint(engines, {"step": r.step})
-                    if r.main:
-                        r.commit(step=r.step, metrics=m, snapshot_read=snap, policy=row, episode_ids=tuple(trained))
-                    trained.clear()
-                    r.policy_id = result.policy_id = row.policy_id
-                    result.step = r.step
-                elif r.step % c.log_every == 0 and r.main:
-                    r.commit(step=r.step, metrics=m, snapshot_read=snap, episode_ids=tuple(trained))
-                    trained.clear()
-        r.finish()
-    except BaseException as e:
-        r.fail(e)
-        raise
+            _sft_steps(r, engines, batch, snap, result, bar)
     return result
+
+
+def _sft_steps(r: TrainRun, engines, batch, snap: int, result: RunResult, bar: TrainProgress) -> None:
+    """SFT's steps from where the run is to sft_steps: a checkpoint and a train_steps row every
+    checkpoint_every steps and at the last, a metrics row every log_every."""
+    c, n, t0 = r.cfg, batch.size, time.perf_counter()
+    rows_of = _sft_rows(n, min(c.minibatch_size, n), c.seed)
+    trained: dict[str, None] = {}  # lineage: the episodes of the steps since the last row, in order
+    while r.step < c.sft_steps:
+        rows = rows_of(r.step)
+        try:
+            m = sft_update(engines, batch, rows, c)
+        except NonFiniteError as e:  # before its checkpoint or metrics row: nothing of the step is stored
+            raise e.stopped(r.run_id, f"step {r.step + 1}", c) from None
+        trained.update((batch.episode_ids[i], None) for i in rows)
+        r.step += 1
+        m = {"step": r.step, "episodes": n, **m, "elapsed_s": time.perf_counter() - t0}
+        result.history.append(m)
+        bar.update(r.step, m)
+        last = r.step == c.sft_steps
+        if last or (c.checkpoint_every and r.step % c.checkpoint_every == 0):
+            row, path = r.checkpoint(engines, {"step": r.step})
+            if r.main:
+                r.commit(step=r.step, metrics=m, snapshot_read=snap, policy=row, episode_ids=tuple(trained))
+            trained.clear()
+            r.policy_id = result.policy_id = row.policy_id
+            result.step = r.step
+        elif r.step % c.log_every == 0 and r.main:
+            r.commit(step=r.step, metrics=m, snapshot_read=snap, episode_ids=tuple(trained))
+            trained.clear()
 
 
 def _sft_episodes(r: TrainRun) -> tuple[int, list]:

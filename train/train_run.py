@@ -1,13 +1,16 @@
 """A train or sft run as the loops see it (`TrainRun`): its process group, run id, resume point, engines and
 its row in the run ledger (trajlake.store.runs), and `on_main`, how rank 0's store reads reach every rank.
 
-Constructing a TrainRun only reads; `build` takes the run id's lease before its engines, `start` makes the run's
-first write, `finish` / `fail` end it. The loops (train/loop.py) and their rollouts (train/rollouts.py) both use it.
+Constructing a TrainRun only reads; `with run.life():` holds the run in the ledger (`runs.open`: its lease, taken
+before the engines are built) and ends it, `start` makes the run's first write. The loops (train/loop.py) and
+their rollouts (train/rollouts.py) both use it.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -75,7 +78,7 @@ class TrainRun:
 
         (self.run_id, self.start_path, self.start_pid, self.base, self.new_row, self.resume,
          self.stored) = on_main(self.main, resolve)
-        self.lease: run_lease.Lease | None = None  # rank 0, from acquire() to finish()
+        self.ledger: runs.OpenRun | None = None  # rank 0, inside life()
         self.rollout = None  # replicas > 1 or rollout_engine vllm: what the rollouts play on (rank 0)
         self.rollout_loaded: str | None = None  # the checkpoint it holds
         self.trackers = None  # report_to's trackers (rank 0, from start())
@@ -83,23 +86,40 @@ class TrainRun:
         self.policy_id = self.resume.policy_id if self.resume else self.start_pid
         self.model_path = self.resume.checkpoint_uri if self.resume else self.start_path
 
-    def acquire(self) -> None:
-        """Take the run id's lease (store/lease.py) before the run's first write, on rank 0: one live process
-        per run id. What __init__ read before it may have moved on meanwhile (a process that held the lease
-        then checkpointed): then this one gives the lease back and is refused, to start again from there."""
-        def take() -> None:
-            self.lease = run_lease.acquire(self.lake, self.run_id, "train")
+    @contextlib.contextmanager
+    def life(self) -> Iterator[None]:
+        """The run's life in the ledger: on rank 0 `runs.open` (refused, on every rank, when another live process
+        holds the run id or the run is stored with other settings) with its lease held throughout, and refused
+        too when the run moved on since this process read where it left off (a process that held the lease then
+        checkpointed: run it again to start from there). On leaving: the trackers and rollout engine closed, then
+        a run that `start` wrote marked finished, or failed with the error, and the lease given back."""
+        stack = contextlib.ExitStack()
+
+        def enter() -> None:
+            self.ledger = stack.enter_context(runs.open(
+                self.lake, "train", self.cfg, run_id=self.run_id, error=ConfigError, start_policy=self.start_pid,
+                spec_id=self.spec_id))
             if last_checkpoint(self.lake, self.run_id) != self.resume:
-                self.release()
                 raise TrajlakeError(f"run {self.run_id} moved on while this process started (another process ran "
                                     "it meanwhile): run it again to resume from where it is now")
 
-        on_main(self.main, take)
+        try:
+            on_main(self.main, enter)
+        except BaseException:
+            stack.close()
+            raise
+        with stack:
+            try:
+                yield
+            finally:
+                self._close()
 
-    def release(self) -> None:
-        if self.lease is not None:
-            self.lease.release()
-            self.lease = None
+    def _close(self) -> None:
+        if self.trackers is not None:
+            self.trackers.close()
+        if self.rollout is not None:
+            self.rollout.close()
+            self.rollout = None
 
     def start(self, **resolved: Any) -> None:
         """Rank 0 records the run (a restart: marks it running again, with this restart's RESUMABLE_FIELDS in
@@ -119,25 +139,18 @@ class TrainRun:
         message = f"train: start run {self.run_id}"
         if self.stored is None:
             run = Run(self.run_id, "train", config=config, status="running", started_at=utc_now())
-            runs.begin(self.lake, run, stage="train", message=message,
-                       rows={"policies": policies} if policies else None)
+            self.ledger.begin(run, message=message, rows={"policies": policies} if policies else None)
             return
         if policies:  # already stored for a restart: the append then skips it and writes nothing
             self.lake.append({"policies": policies}, stage="train", run_id=self.run_id, message=message)
-        runs.restart(self.lake, self.stored, stage="train", config=config)
+        self.ledger.restart(config=config)
 
     def build(self, critic: bool = False, ref: bool = False) -> Engines:
-        """The engines, once the run's lease is held: DeepSpeed's setup takes seconds to minutes (more where it
-        builds an op on first use), and a second process with this run id must be refused before it, not after.
-        A failed build gives the lease back."""
-        self.acquire()
-        try:
-            engines = build_engines(self.cfg, self.model_path, critic=critic, ref=ref, ref_path=self.start_path,
-                                    critic_path=self.start_path)
-            self.state = load_state(engines, self.model_path) if self.resume else {}
-        except BaseException:
-            self.release()
-            raise
+        """The engines, inside `life()` (the run's lease held): DeepSpeed's setup takes seconds to minutes (more
+        where it builds an op on first use), and a second process with this run id must be refused before it."""
+        engines = build_engines(self.cfg, self.model_path, critic=critic, ref=ref, ref_path=self.start_path,
+                                critic_path=self.start_path)
+        self.state = load_state(engines, self.model_path) if self.resume else {}
         return engines
 
     def checkpoint(self, engines: Engines, state: dict[str, Any]) -> tuple[PolicyRow, Any]:
@@ -165,30 +178,6 @@ class TrainRun:
         with open(self.metrics_log, "a") as f:
             f.write(json.dumps({"run_id": self.run_id, "step": step, "policy_id": policy.policy_id if policy else None,
                                 "metrics": clean_metrics(metrics)}) + "\n")
-
-    def finish(self) -> None:
-        """The run ended: marked finished (rank 0), its trackers and rollout engine closed, its lease given back."""
-        self._end(None)
-
-    def fail(self, error: BaseException) -> None:
-        """The run failed (or was interrupted) with `error`: marked failed (rank 0, the error in the commit
-        message), its trackers and rollout engine closed, its lease given back."""
-        self._end(error)
-
-    def _end(self, error: BaseException | None) -> None:
-        try:
-            if self.trackers is not None:
-                self.trackers.close()
-            if self.rollout is not None:
-                self.rollout.close()
-                self.rollout = None
-            if self.main and error is None:
-                runs.finish(self.lake, self.run_id, stage="train")
-            elif self.main:
-                runs.fail(self.lake, self.run_id, stage="train", error=error)
-        finally:  # ended, failed or interrupted: the next process may run it
-            self.release()
-
 
 def on_main(main: bool, fn: Any) -> Any:
     """`fn()` run on rank 0 and its result on every rank; a TrajlakeError it raises is raised on every rank

@@ -4,7 +4,8 @@ How a row becomes a task, an episode and its turns is agentgym_rows.py's. An imp
 file, a refused run id or a template error leaves the lake as it was: the input files found and hashed; the run's
 identity (its `ImportConfig`) checked against a run stored under that id; every row of every file read, held to
 the caps and parsed; the episodes not stored yet tokenized; then written in chunks of whole episodes, one snapshot
-each, inside the run's lease; and the run marked finished.
+each, inside the run's lease; and the run marked finished (failed, with the error, when the import is cut short:
+`runs.open`, as for every stage).
 
 Ids are deterministic: episode_id = uuid5(file sha256, row index, tokenizer fingerprint), and the default run_id
 hashes the files and tokenizer, so importing the same files again inserts nothing, and an interrupted import
@@ -13,7 +14,6 @@ resumes where it stopped. The tokenizer is part of the ids because the stored to
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import json
 from collections.abc import Iterable
@@ -95,23 +95,23 @@ def import_agentgym(
     if run_id is None:
         run_id = runs.hashed_run_id("import-agentgym-", [sorted(shas), tok_fp, policy_id, env, split], 16)
     run_lease.check(lake, run_id)  # another live process importing this run: refused before any row is read
-    stored = runs.find(lake, run_id, config, kinds=("import",), error=TrajectoryImportError)
-    episodes, per_file = _read(files, shas, tok_fp, env, split, limits)
-    config = dataclasses.replace(config, files=tuple({**f, "rows": per_file[p]["episodes"]}
-                                                     for f, p in zip(config.files, per_file, strict=True)))
-    new, old = _not_stored(lake, episodes)
-    written = _Written(skipped={"episodes": len(old), "turns": sum(len(e["turns"]) for e in old)})
     # The lease before tokenizing and writing, once every row was validated (a refused file leaves the lake as it
     # was, lease rows included). An import with nothing to write (every episode stored, its run finished or never
     # begun) takes none.
-    idle = not new and (stored is None or stored.status == "finished")
-    with contextlib.nullcontext() if idle else run_lease.acquire(lake, run_id, "import"):
-        _tokenize_all(renderer, new, progress)
-        _write(lake, Run(run_id, "import", config=dataclasses.asdict(config), status="running",
-                         started_at=utc_now()), new, written, progress)
-        ended = runs.stored(lake, run_id)
-        if ended is not None and ended.status != "finished":  # a new run, or one an interrupted import left running
-            written.add_snapshot(runs.finish(lake, run_id, stage="import"))
+    with runs.open(lake, "import", config, run_id=run_id, error=TrajectoryImportError, lease=False) as run:
+        episodes, per_file = _read(files, shas, tok_fp, env, split, limits)
+        config = dataclasses.replace(config, files=tuple({**f, "rows": per_file[p]["episodes"]}
+                                                         for f, p in zip(config.files, per_file, strict=True)))
+        new, old = _not_stored(lake, episodes)
+        written = _Written(skipped={"episodes": len(old), "turns": sum(len(e["turns"]) for e in old)})
+        if new or (run.resumed is not None and run.resumed.status != "finished"):
+            run.take_lease()
+            _tokenize_all(renderer, new, progress)
+            if run.resumed is not None:  # one an interrupted or failed import left: ended again below
+                written.add_snapshot(run.restart())
+            _write(run, Run(run_id, "import", config=dataclasses.asdict(config), status="running",
+                            started_at=utc_now()), new, written, progress)
+            written.add_snapshot(run.finish())
     return ImportResult(
         run_id=run_id, files=tuple(str(p) for p in files), episodes=len(episodes),
         turns=sum(len(e["turns"]) for e in episodes), inserted=written.inserted, skipped=written.skipped,
@@ -197,7 +197,7 @@ def _tokenize_all(renderer: ChatRenderer, episodes: list[dict], progress: bool) 
             bar.update(advance=len(episodes[start:start + _TOKENIZE_BATCH]))
 
 
-def _write(lake: Any, run: Run, episodes: list[dict], written: _Written, progress: bool) -> None:
+def _write(ledger: runs.OpenRun, run: Run, episodes: list[dict], written: _Written, progress: bool) -> None:
     """The episodes in chunks of whole episodes, one snapshot each: the first chunk carries the run and its
     policy, so that no episode is visible before them; a task row comes with the first episode of its task."""
     chunk_size, policy_id = run.config["chunk_size"], run.config["policy_id"]
@@ -218,9 +218,9 @@ def _write(lake: Any, run: Run, episodes: list[dict], written: _Written, progres
             data["turns"] = _turns_table(chunk)
             message = f"import: agentgym chunk {n + 1}/{len(chunks)} ({len(chunk)} episodes) run {run.run_id}"
             if n == 0:
-                written.add(runs.begin(lake, run, stage="import", message=message, rows=data))
+                written.add(ledger.begin(run, message=message, rows=data))
             else:
-                written.add(lake.append(data, stage="import", run_id=run.run_id, message=message))
+                written.add(ledger.lake.append(data, stage="import", run_id=run.run_id, message=message))
             bar.update(advance=len(chunk))
 
 
