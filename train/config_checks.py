@@ -93,12 +93,37 @@ NAMED_ENTRIES = {"policy_loss": POLICY_LOSSES, "agg_mode": AGG_MODES, "kl_estima
 
 def check_train_config(c: CheckedConfig) -> None:
     """Every rule of a TrainConfig (its field types and RolloutConfig's rules were checked before)."""
+    adv = c.advantage or DEFAULT_ADVANTAGE.get(c.algo)
+    for ok, message in _value_rules(c, adv):
+        if not ok:
+            raise ConfigError(f"train config: {message}")
+    _check_entry_rules(c)
+    if c.is_cap is not None and not OLD_LOGPROB_SOURCES[c.old_logprobs].recomputed:
+        raise ConfigError(f"train config: is_cap applies with old_logprobs = recompute (with {c.old_logprobs} the "
+                          "ratio is the importance weight)")
+    _check_advantage(c, adv)
+    _check_stored_data(c)
+    _check_horizon(c)
+    _check_env(c)
+    if c.turn_baseline not in TURN_BASELINES:
+        raise ConfigError(f"train config: unknown turn_baseline {c.turn_baseline!r}; valid: "
+                          f"{', '.join(TURN_BASELINES)}")
+    group = ADVANTAGES[adv].min_group_size  # an estimator comparing a task's samples needs two of them
+    if ALGOS[c.algo].uses_advantages and c.samples < group:
+        raise ConfigError(f"train config: {adv} compares the samples of a task: samples must be >= {group}, "
+                          f"got {c.samples}")
+    _check_group_filter(c)
+    _check_dynamic_sampling(c)
+
+
+def _value_rules(c: CheckedConfig, adv: str | None) -> list[tuple[bool, str]]:
+    """(holds, what to say when it does not) for each rule on one or two values, in the order they are checked:
+    names in their registries, ranges, and the batch sizes' divisibility."""
     from trajlake.collect.envs.base import SPLITS
 
     algo = ALGOS.get(c.algo)
-    adv = c.advantage or DEFAULT_ADVANTAGE.get(c.algo)
     supervised = algo is not None and algo.loop == SFT_LOOP
-    checks = [
+    return [
         (algo is not None, f"algo must be one of {', '.join(ALGOS.names())}, got {c.algo!r}"),
         (bool(c.model), "model is required: a model folder or policy:ID"),
         (c.dtype in DTYPES, f"dtype must be one of {', '.join(DTYPES)}, got {c.dtype!r}"),
@@ -130,26 +155,6 @@ def check_train_config(c: CheckedConfig) -> None:
          f"unknown report_to {[t for t in c.report_to if t not in TRACKERS]}; valid: "
          f"{', '.join(TRACKERS.names())}"),
     ]
-    for ok, message in checks:
-        if not ok:
-            raise ConfigError(f"train config: {message}")
-    _check_entry_rules(c)
-    if c.is_cap is not None and not OLD_LOGPROB_SOURCES[c.old_logprobs].recomputed:
-        raise ConfigError(f"train config: is_cap applies with old_logprobs = recompute (with {c.old_logprobs} the "
-                          "ratio is the importance weight)")
-    _check_advantage(c, adv)
-    _check_stored_data(c)
-    _check_horizon(c)
-    _check_env(c)
-    if c.turn_baseline not in TURN_BASELINES:
-        raise ConfigError(f"train config: unknown turn_baseline {c.turn_baseline!r}; valid: "
-                          f"{', '.join(TURN_BASELINES)}")
-    group = ADVANTAGES[adv].min_group_size  # an estimator comparing a task's samples needs two of them
-    if ALGOS[c.algo].uses_advantages and c.samples < group:
-        raise ConfigError(f"train config: {adv} compares the samples of a task: samples must be >= {group}, "
-                          f"got {c.samples}")
-    _check_group_filter(c)
-    _check_dynamic_sampling(c)
 
 
 def _check_dynamic_sampling(c: CheckedConfig) -> None:
