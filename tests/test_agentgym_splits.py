@@ -39,7 +39,7 @@ from trajlake.collect.envs.agentgym_protocol import (
 )
 from trajlake.core.errors import TrajlakeError
 from trajlake.schemas.records import Task
-from trajlake.train.rollouts import rotation_offset
+from trajlake.train.sources.fresh import rotation_offset
 
 #: a URL nothing listens on: a check that let a request through would fail with a connection error instead
 DEAD_URL = "http://127.0.0.1:9"

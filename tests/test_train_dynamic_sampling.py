@@ -11,8 +11,7 @@ from tests.helpers import small_cfg, tiny_model_dir
 from trajlake.collect.envs import make_env
 from trajlake.store import runs
 from trajlake.train.config import ConfigError
-from trajlake.train.episode_sources import outcome_group_count
-from trajlake.train.rollouts import round_run_id
+from trajlake.train.sources.fresh import outcome_group_count, round_run_id
 from trajlake.train.task_select import TaskSelectorError, select_positions, selector_query
 
 

@@ -1,4 +1,4 @@
-"""RL on stored rollouts (train/stored_rollouts.py): a train config's train_filter trains GRPO on episodes already in
+"""RL on stored rollouts (train/sources/stored.py): a train config's train_filter trains GRPO on episodes already in
 the store, with the ratio against their behaviour log-probs, without collecting; the refusals leave the lake as
 it was."""
 

@@ -4,8 +4,9 @@ Reading order, one RL iteration from the top:
 
 - loop.py: `train` (RL iterations) and `sft` (steps on a store query); `run` is the entry point.
 - train_run.py: the run's row in the run ledger (store/runs.py), its resume point, engines and checkpoints.
-- episode_sources.py: an iteration's episodes, fresh (rollouts.py plays the policy into a collect run and
-  evaluates it) or stored (stored_rollouts.py: a `train_filter`'s groups, and earlier rollouts replayed).
+- sources/: where an iteration's episodes come from, one interface: fresh.py plays the policy into collect
+  runs (and replays earlier rollouts), stored.py deals a `train_filter`'s groups, evaluation.py is the held-out
+  evaluation during training.
 - batch.py: the episodes read back token for token, with their per-token rewards, as a padded batch.
 - steps.py: one update over a batch (`prepare`, `rl_update`, `sft_update`); microbatch.py deals it to
   processes and micro-batches; forward.py computes log-probs and values (packing.py: a micro-batch's rows

@@ -130,7 +130,7 @@ class TrainConfig(RolloutConfig):
     train_filter: str | None = None
     """SQL over episodes columns choosing stored episodes that the RL iterations train on instead of collecting
     (any runs, policies, envs), e.g. "run_id LIKE 'demo-grpo/%'"; `tasks` GRPO groups an iteration, dealt in
-    order and wrapping around (train/stored_rollouts.py). The ratio is taken against their stored behaviour log-probs:
+    order and wrapping around (train/sources/stored.py). The ratio is taken against their stored behaviour log-probs:
     set old_logprobs = "behaviour" or is_cap. None: every iteration collects fresh rollouts."""
     train_snapshot: int | None = None
     """With train_filter: the snapshot its episodes and their scores are read at (already scored by

@@ -27,11 +27,13 @@ from trajlake.train.algos import ADVANTAGES, ALGOS, SFT_LOOP, make_kl_controller
 from trajlake.train.batch import check_episode_filter, collate, load_episodes
 from trajlake.train.config import ConfigError, TrainConfig
 from trajlake.train.distributed import barrier, broadcast, init_distributed
-from trajlake.train.episode_sources import FreshRollouts, IterationEpisodes, StoredRollouts
 from trajlake.train.eval_guard import EvalPoint, eval_points, regression, stopped_reason
 from trajlake.train.finite import NonFiniteError
 from trajlake.train.progress import NoSignalStreak, TrainProgress
-from trajlake.train.rollouts import eval_config, evaluate, rollout_config
+from trajlake.train.sources import IterationEpisodes
+from trajlake.train.sources.evaluation import eval_config, evaluate
+from trajlake.train.sources.fresh import FreshRollouts, rollout_config
+from trajlake.train.sources.stored import StoredRollouts
 from trajlake.train.steps import iteration_update, sft_update
 from trajlake.train.train_run import TrainRun, on_main
 
@@ -84,7 +86,7 @@ def train(config: TrainConfig, lake: Lake | None) -> RunResult:
 def _start_rl(r: TrainRun, spec) -> tuple[Any, Any]:
     """(the KL controller, restored on a resume; the stored rollouts of train_filter, scored and pinned, else
     None), and the run's row written: the first write, every check before it only read."""
-    from trajlake.train.stored_rollouts import stored_data
+    from trajlake.train.sources.stored import stored_data
 
     c = r.cfg
     kl_ctl = make_kl_controller(c.kl_controller, c.kl_coef, c.kl_target, c.kl_horizon)
@@ -147,7 +149,7 @@ def check_before_writing(r: TrainRun, spec) -> None:
     """Every check of an RL run that reads the store, before its first write: collect's own checks of the
     rollouts' and evals' settings, the train and replay filters, and an estimator that discounts across turns
     under a spec that discounts too."""
-    from trajlake.train.stored_rollouts import check_train_filter
+    from trajlake.train.sources.stored import check_train_filter
 
     c = r.cfg
     on_main(r.main, lambda: rollout_config(r, r.policy_id, 0))

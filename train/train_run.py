@@ -3,7 +3,7 @@ its row in the run ledger (trajlake.store.runs), and `on_main`, how rank 0's sto
 
 Constructing a TrainRun only reads; `with run.life():` holds the run in the ledger (`runs.open`: its lease, taken
 before the engines are built) and ends it, `start` makes the run's first write. The loops (train/loop.py) and
-their rollouts (train/rollouts.py) both use it.
+their episode sources (train/sources/) both use it.
 """
 
 from __future__ import annotations

@@ -1,14 +1,28 @@
-"""The train loop's rollouts and held-out evals: collect runs played by the actor itself (transformers, in this
-process), or by a rollout engine started once (`rollout_engine` vllm, or `replicas` > 1 on Ray) into which each
-new checkpoint is loaded. Only rank 0 plays; the others wait for what it stored.
+"""Fresh rollouts: each iteration's collect runs, played by the actor itself (transformers, in this process), or
+by a rollout engine started once (`rollout_engine` vllm, or `replicas` > 1 on Ray) into which each new checkpoint
+is loaded, then scored and read back (`FreshRollouts`), with a share of the run's earlier rollouts replayed
+(`replay_filter`). Only rank 0 plays; the others wait for what it stored.
 """
 
 from __future__ import annotations
 
+import random
+
+import torch
+
 from trajlake.core.errors import TrajlakeError
-from trajlake.train.distributed import broadcast, device
+from trajlake.core.sql_text import sql_list, sql_str
+from trajlake.rewards.score import score
+from trajlake.store import Lake
+from trajlake.train.algos import ADVANTAGES
+from trajlake.train.algos.groups import outcome_groups
+from trajlake.train.batch import EpisodeSeq, load_episodes
+from trajlake.train.config import TrainConfig
+from trajlake.train.distributed import device
 from trajlake.train.engine import Engines
 from trajlake.train.rollout_engines import ROLLOUT_ENGINES
+from trajlake.train.sources import IterationEpisodes
+from trajlake.train.sources.stored import GROUPS_SQL
 from trajlake.train.train_run import TrainRun
 
 
@@ -102,19 +116,6 @@ def selected_positions(r: TrainRun, env, cc, it: int, played: frozenset[int] = f
                             exclude=played)
 
 
-def eval_config(r: TrainRun, policy_id: str, step: int):
-    """The collect run of a held-out eval of this train run, made by evaluate's own code: greedy, one sample
-    of `eval_tasks` tasks of `eval_split`, played as the rollouts are."""
-    from trajlake.collect.config import rollout_fields
-    from trajlake.evaluate.config import EvalConfig
-    from trajlake.evaluate.run import eval_collect_config
-
-    c, policy = r.cfg, f"policy:{policy_id}"
-    ec = EvalConfig(**rollout_fields(c, split=c.eval_split, concurrency=min(c.concurrency, c.eval_tasks)),
-                    policies=(policy,), tasks=c.eval_tasks, greedy=True, seed=c.seed, progress=False)
-    return eval_collect_config(ec, policy, f"{r.run_id}/eval-{step}", parent_run_id=r.run_id)
-
-
 def _engine_policy(r: TrainRun, policy_id: str, path: str):
     """The run's rollout policy when it is not the actor itself (replicas > 1, or rollout_engine vllm): started
     once, then each new checkpoint `path` loaded into it without a restart."""
@@ -150,11 +151,77 @@ def collect_run(r: TrainRun, engines: Engines, policy_id: str, path: str, cc) ->
             policy.close()
 
 
-def evaluate(r: TrainRun, engines: Engines, policy_id: str, path: str, step: int) -> dict[str, float]:
-    """Greedy episodes on held-out tasks (rank 0); success rate and mean env reward, on every rank."""
-    from trajlake.evaluate.run import success_rate
+class FreshRollouts:
+    """Rollouts of the current policy, collected, scored with the run's spec and read back at once; with
+    min_outcome_groups, further rounds on other tasks until enough groups' outcomes differ (DAPO's dynamic
+    sampling), at most sampling_rounds."""
 
-    out = None
-    if r.main:
-        out = success_rate(r.lake, collect_run(r, engines, policy_id, path, eval_config(r, policy_id, step)))
-    return broadcast(out)
+    def __init__(self, run: TrainRun, engines: Engines, spec) -> None:
+        self.run, self.engines, self.spec = run, engines, spec
+
+    def episodes(self, it: int) -> IterationEpisodes:
+        r, spec = self.run, self.spec
+        where, rounds = self._rounds(it)
+        snap = r.lake.current_snapshot()
+        seqs = load_episodes(r.lake, where, snapshot=snap, spec_id=spec.spec_id)
+        replay = replay_filter(r.cfg, r.run_id, it, r.lake, snap)  # earlier rollouts mixed in, if asked
+        if not replay:
+            return IterationEpisodes(snap, where, seqs, 0, rounds)
+        replayed = load_episodes(r.lake, replay, snapshot=snap, spec_id=spec.spec_id)
+        return IterationEpisodes(snap, f"({where}\n) OR ({replay}\n)",
+                                 sorted(seqs + replayed, key=lambda s: s.episode_id), len(replayed), rounds)
+
+    def _rounds(self, it: int) -> tuple[str, int]:
+        """Play and score the iteration's rounds: (the filter selecting their episodes, the rounds played). A
+        restarted iteration resumes each stored round, whose outcomes decide again as they did."""
+        r, c = self.run, self.run.cfg
+        run_ids: list[str] = []
+        played: frozenset[int] = frozenset()
+        for k in range(c.sampling_rounds):
+            cc = rollout_config(r, r.policy_id, it, k, played)
+            run_ids.append(collect_run(r, self.engines, r.policy_id, r.model_path, cc))
+            score(r.lake, self.spec, where=f"run_id = {sql_str(run_ids[-1])}", run_id=r.run_id)
+            played |= set(cc.task_positions or ())
+            if not c.min_outcome_groups or k + 1 == c.sampling_rounds:
+                break
+            seqs = load_episodes(r.lake, _runs_filter(run_ids), snapshot=r.lake.current_snapshot())
+            if outcome_group_count(seqs) >= c.min_outcome_groups:
+                break
+        return _runs_filter(run_ids), len(run_ids)
+
+
+def _runs_filter(run_ids: list[str]) -> str:
+    if len(run_ids) == 1:
+        return f"run_id = {sql_str(run_ids[0])}"
+    return f"run_id IN ({', '.join(sql_str(x) for x in run_ids)})"
+
+
+def outcome_group_count(seqs: list[EpisodeSeq]) -> int:
+    """How many groups of `seqs` hold both a success and a failure (the update's own count)."""
+    if not seqs:
+        return 0
+    success = torch.tensor([s.success for s in seqs])
+    return outcome_groups(success, [s.group_id for s in seqs])[1]
+
+
+def replay_filter(config: TrainConfig, run_id: str, it: int, lake: Lake, snapshot: int) -> str | None:
+    """The replayed share of iteration `it` (from 0) of a run mixing replay into fresh rollouts: a filter of
+    `replay_ratio / (1 - replay_ratio)` groups per fresh group, drawn (seeded by seed + it) from this run's
+    rollouts of the last `replay_staleness` iterations (each one's every round) that `replay_filter`
+    keeps. None: nothing to replay (no replay, the first iteration, or an empty pool)."""
+    if config.replay_ratio <= 0 or it == 0:
+        return None
+    runs = [round_run_id(run_id, j, k) for j in range(max(0, it - config.replay_staleness), it)
+            for k in range(config.sampling_rounds)]
+    pool = f"run_id IN ({sql_list(runs)})" + (f" AND ({config.replay_filter})" if config.replay_filter else "")
+    need = ADVANTAGES[config.advantage_name].min_group_size
+    groups = [g for g, n in lake.query(GROUPS_SQL.format(where=pool), snapshot=snapshot).iter_rows() if n >= need]
+    want = round(config.tasks * config.replay_ratio / (1 - config.replay_ratio))
+    if not groups or want == 0:
+        return None
+    chosen = random.Random(config.seed + it).sample(groups, min(want, len(groups)))
+    return f"({pool}) AND coalesce(group_id, episode_id) IN ({sql_list(sorted(chosen))})"
+
+
+__all__ = ["FreshRollouts", "collect_run", "outcome_group_count", "replay_filter", "rollout_config",
+           "rotation_offset", "round_run_id", "selected_positions"]

@@ -15,15 +15,16 @@ played by a text-only policy (a scripted expert, an API model), which has none, 
 
 from __future__ import annotations
 
-import random
 from dataclasses import dataclass
 
 from trajlake.core.sql_text import sql_list
 from trajlake.rewards.score import score
 from trajlake.store import Lake
 from trajlake.train.algos import ADVANTAGES
-from trajlake.train.batch import check_episode_filter
+from trajlake.train.batch import check_episode_filter, load_episodes
 from trajlake.train.config import ConfigError, TrainConfig
+from trajlake.train.sources import IterationEpisodes
+from trajlake.train.train_run import TrainRun
 
 GROUPS_SQL = """
 SELECT coalesce(group_id, episode_id) AS g, count(*) AS n FROM episodes
@@ -99,25 +100,16 @@ def stored_data(lake: Lake, config: TrainConfig, spec, pinned: int | None) -> St
     return StoredData(where, snap, groups, small)
 
 
-def replay_filter(config: TrainConfig, run_id: str, it: int, lake: Lake, snapshot: int) -> str | None:
-    """The replayed share of iteration `it` (from 0) of a run mixing replay into fresh rollouts: a filter of
-    `replay_ratio / (1 - replay_ratio)` groups per fresh group, drawn (seeded by seed + it) from this run's
-    rollouts of the last `replay_staleness` iterations (each one's every round) that `replay_filter`
-    keeps. None: nothing to replay (no replay, the first iteration, or an empty pool)."""
-    if config.replay_ratio <= 0 or it == 0:
-        return None
-    from trajlake.train.rollouts import round_run_id
+class StoredRollouts:
+    """This iteration's groups of the stored episodes the run trains on, at their pinned snapshot."""
 
-    runs = [round_run_id(run_id, j, k) for j in range(max(0, it - config.replay_staleness), it)
-            for k in range(config.sampling_rounds)]
-    pool = f"run_id IN ({sql_list(runs)})" + (f" AND ({config.replay_filter})" if config.replay_filter else "")
-    need = ADVANTAGES[config.advantage_name].min_group_size
-    groups = [g for g, n in lake.query(GROUPS_SQL.format(where=pool), snapshot=snapshot).iter_rows() if n >= need]
-    want = round(config.tasks * config.replay_ratio / (1 - config.replay_ratio))
-    if not groups or want == 0:
-        return None
-    chosen = random.Random(config.seed + it).sample(groups, min(want, len(groups)))
-    return f"({pool}) AND coalesce(group_id, episode_id) IN ({sql_list(sorted(chosen))})"
+    def __init__(self, run: TrainRun, data: StoredData, spec) -> None:
+        self.run, self.data, self.spec = run, data, spec
+
+    def episodes(self, it: int) -> IterationEpisodes:
+        where = self.data.iteration_filter(it, self.run.cfg.tasks)
+        seqs = load_episodes(self.run.lake, where, snapshot=self.data.snapshot, spec_id=self.spec.spec_id)
+        return IterationEpisodes(self.data.snapshot, where, seqs, len(seqs))
 
 
-__all__ = ["StoredData", "check_train_filter", "stored_data", "replay_filter"]
+__all__ = ["GROUPS_SQL", "StoredData", "StoredRollouts", "check_train_filter", "stored_data"]
