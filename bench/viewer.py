@@ -11,9 +11,9 @@ the runs name a tiny byte-level BPE tokenizer (trained offline, as `trajlake mod
 reply is shown token by token, each token shaded by its reward; and every episode scored under the
 bench's spec (discounted allocation: a reward on every agent token). Then, in this one process:
 
-* export, trajlake's side: `export_site` (viewer_export.py) of every episode: the runs and all episodes with
+* export, trajlake's side: `export_site` (export.py) of every episode: the runs and all episodes with
   their rewards and advantages in one query, turns and token rewards in chunks of 2000 episodes, each page
-  rendered from those rows by the viewer's renderers (viewer_render.py).
+  rendered from those rows by the viewer's renderers (render.py).
 * per page, the baseline: what the export did before, and what the served viewer does for one page: the
   index and every run page (all timed), and `--baseline-pages` episode pages spread evenly over the ids, each
   read with its own queries (`Pages.episode`) and written; its time for all the episodes is EXTRAPOLATED
@@ -139,7 +139,7 @@ def build_lake(path: Path, episodes: int, args, tokenizer: Path | None, vocab: i
 
 
 def export_side(lake, out: Path, episodes: int) -> float:
-    from trajlake.evaluate.viewer import export_site
+    from trajlake.view.server import export_site
 
     t0 = time.perf_counter()
     written = export_site(lake, out, max_episodes=episodes, progress=True)
@@ -150,9 +150,9 @@ def export_side(lake, out: Path, episodes: int) -> float:
 def per_page_side(lake, out: Path, exported: Path, sample: int) -> dict:
     """The per-page path over the index, every run page and `sample` episode pages (spread over the ids), into
     `out`; each page checked against the export's file."""
-    from trajlake.evaluate.viewer_export import _out_folder, _write
-    from trajlake.evaluate.viewer_pages import RUN_PAGE_ROWS, Links, Pages
     from trajlake.store.reads import latest_spec
+    from trajlake.view.export import _out_folder, _write
+    from trajlake.view.pages import RUN_PAGE_ROWS, Links, Pages
 
     snap = lake.current_snapshot()
     root = _out_folder(out)
@@ -183,8 +183,8 @@ def per_page_side(lake, out: Path, exported: Path, sample: int) -> dict:
 
 def served_side(lake, runs: list[str]) -> dict[str, float]:
     """Seconds (median of 3) of each served page kind on `lake`."""
-    from trajlake.evaluate.viewer import Viewer
-    from trajlake.evaluate.viewer_pages import RUN_PAGE_ROWS
+    from trajlake.view.pages import RUN_PAGE_ROWS
+    from trajlake.view.server import Viewer
 
     viewer = Viewer(lake, port=0)
     try:

@@ -25,7 +25,7 @@ def view(
 ) -> None:
     """The trajectory viewer: runs, their episodes (filters, sorting), and each episode turn by turn with its
     reply tokens shaded by the reward allocated to them. Served on 127.0.0.1 until Ctrl-C, or exported."""
-    from trajlake.evaluate.viewer import Viewer, export_site
+    from trajlake.view.server import Viewer, export_site
 
     ctrl_c_stops()
     check_port(port)  # outside 0..65535 the socket layer raised OverflowError
@@ -64,7 +64,7 @@ def report(
 ) -> None:
     """An HTML page with plots over the store (learning curves, KL and entropy, reward distributions, turns,
     policies side by side), each beside the query that made it."""
-    from trajlake.evaluate.report import build_report
+    from trajlake.view.report import build_report
 
     with open_lake(read_only=True) as lake:
         check_output(lake, out, "report --out")

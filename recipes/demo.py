@@ -357,7 +357,7 @@ ORDER BY step
 
 
 def run(cfg: DemoConfig) -> None:
-    from trajlake.evaluate.report import build_report
+    from trajlake.view.report import build_report
 
     t0 = time.perf_counter()
     check_folders(cfg.lake, models=cfg.models, checkpoints=cfg.checkpoints, report=cfg.report)

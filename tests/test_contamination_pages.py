@@ -12,12 +12,12 @@ import pytest
 
 from tests.test_contamination import _seed
 from tests.viewer_helpers import Tags, payload
-from trajlake.evaluate.report import CONTAMINATION_SQL, build_report
-from trajlake.evaluate.viewer import Viewer, export_site
-from trajlake.evaluate.viewer_html import SCRIPT, url_part
-from trajlake.evaluate.viewer_pages import Links
 from trajlake.schemas.records import Episode, Policy, Run, TrainStep, Turn
 from trajlake.store import Lake
+from trajlake.view.markup import SCRIPT, url_part
+from trajlake.view.pages import Links
+from trajlake.view.report import CONTAMINATION_SQL, build_report
+from trajlake.view.server import Viewer, export_site
 
 DIRTY = "NOT CLEAN: 2 of 4 tasks trained on"
 

@@ -261,7 +261,7 @@ def test_summarize_leaves_env_errors_out():
 
 
 def test_evaluate_leaves_env_errors_out_retries_them_and_fails_when_all_error(tmp_path, model, flaky_env, capsys):
-    from trajlake.evaluate.report import POLICIES_SQL
+    from trajlake.view.report import POLICIES_SQL
 
     flaky_env.failing = {flaky_env().tasks("test", n=1, difficulty=1)[0].task_id}
     cfg = EvalConfig(policies=("scripted",), env="test-flaky", tasks=4, samples=2, difficulty=1, tokenizer=str(model),

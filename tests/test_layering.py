@@ -15,7 +15,7 @@ from pathlib import Path
 PACKAGE = "trajlake"
 ROOT = Path(__file__).resolve().parents[1]  # the repository root is the package
 #: the stages that come after the store: it must import none of them
-LATER_STAGES = ("train", "rewards", "collect", "evaluate")
+LATER_STAGES = ("train", "rewards", "collect", "evaluate", "view")
 #: what store/ may import from trajlake: itself, the kernel helpers and the table schemas
 STORE_MAY_IMPORT = ("store", "core", "schemas")
 #: folders of the root that are not the package's (setup.py leaves them out of the wheel)
@@ -156,7 +156,7 @@ def _circle(graph: dict[str, set[str]], component: list[str]) -> list[str]:
 def test_the_module_walk_finds_the_package():
     modules = _modules()
     for name in ("trajlake.store.lake", "trajlake.store.reads", "trajlake.train.batch", "trajlake.cli",
-                 "trajlake.core.errors", "trajlake.evaluate.viewer"):
+                 "trajlake.core.errors", "trajlake.view.server"):
         assert name in modules
     assert not any(m.startswith(("trajlake.tests", "trajlake.bench", "trajlake.docs")) for m in modules)
 

@@ -9,8 +9,8 @@ import pytest
 
 from tests.helpers import EXPERT, TRAIN_RUN, demo_lake_uri
 from trajlake.core.errors import TrajlakeError
-from trajlake.evaluate.report import SECTIONS, build_report
 from trajlake.store import Lake
+from trajlake.view.report import SECTIONS, build_report
 
 PLOTS = ("learning", "kl", "rewards", "turns")
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
@@ -101,7 +101,7 @@ def test_plots_link_their_worst_and_best_episodes_to_the_viewer(demo, tmp_path):
     evaluated policy's failure and success: links to the viewer's page of that episode, which renders it."""
     import re
 
-    from trajlake.evaluate.viewer import Viewer
+    from trajlake.view.server import Viewer
 
     page = build_report(demo, tmp_path / "report", viewer_url="http://127.0.0.1:9/").read_text()
     rewards = section(page, "rewards")

@@ -226,8 +226,8 @@ def _pairs(df) -> list[tuple[str, int]]:
 
 
 def test_resume_retries_exactly_the_errored_pairs_and_keeps_their_history(tiny, lake, flaky_env):
-    from trajlake.evaluate.report import RUNS_SQL
     from trajlake.train.batch import load_episodes
+    from trajlake.view.report import RUNS_SQL
 
     tasks = flaky_env().tasks("train", n=4)
     a, b = tasks[0].task_id, tasks[2].task_id

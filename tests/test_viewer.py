@@ -1,4 +1,4 @@
-"""The trajectory viewer (evaluate/viewer.py, `trajlake view`): its pages over a real lake (the cookbook's demo
+"""The trajectory viewer (view/server.py, `trajlake view`): its pages over a real lake (the cookbook's demo
 lake: a model's and a scripted expert's episodes on doors, scored under two specs), served and exported, and in
 a real browser (Debian's chromium with chromedriver, through selenium): pages load, filters work, and the token
 shading of a known episode matches `token_rewards`. The browser tests skip, saying why, where no browser is
@@ -11,8 +11,8 @@ import pytest
 from tests.helpers import EXPERT, demo_lake_uri
 from tests.viewer_helpers import csp_refusals, open_browser, served
 from trajlake.core.errors import TrajlakeError
-from trajlake.evaluate.viewer import Viewer, export_site
 from trajlake.store import Lake
+from trajlake.view.server import Viewer, export_site
 
 
 @pytest.fixture(scope="module")

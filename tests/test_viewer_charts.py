@@ -1,4 +1,4 @@
-"""The viewer's SVG charts (evaluate/viewer_charts.py), as pure functions: well-formed SVG whatever the numbers
+"""The viewer's SVG charts (view/charts.py), as pure functions: well-formed SVG whatever the numbers
 (gaps at None, NaN and infinities, one point, a constant series, a long series thinned), every label escaped,
 and nothing in them a browser would run or load."""
 
@@ -10,7 +10,7 @@ import xml.etree.ElementTree as ET
 import pytest
 
 from tests.viewer_helpers import Tags, payload
-from trajlake.evaluate.viewer_charts import (
+from trajlake.view.charts import (
     MAX_LINE_POINTS,
     MAX_MARKERS,
     Point,

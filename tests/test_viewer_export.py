@@ -1,4 +1,4 @@
-"""The viewer's static export from bulk reads (evaluate/viewer_export.py) against the per-page path: over a small
+"""The viewer's static export from bulk reads (view/export.py) against the per-page path: over a small
 lake with several runs (one an eval run, one a train run with its steps, policies and that eval), groups and an
 episode without one, two specs (one spreading the reward over every agent token), a tokenizer (replies shown
 token by token) and hostile ids, every exported file (the train run's pages too) is byte for byte the page
@@ -17,12 +17,12 @@ import pytest
 
 from tests.conftest import load_bench
 from tests.viewer_helpers import EP, EP_ISSUE, EP_PERCENT, SPEC, TEXT, Tags, payload
-from trajlake.evaluate import viewer_export, viewer_pages, viewer_render
-from trajlake.evaluate.viewer import Viewer, export_site
-from trajlake.evaluate.viewer_pages import Links, Pages
-from trajlake.evaluate.viewer_train_data import train_ids
 from trajlake.schemas.records import Episode, EpisodeReward, Policy, RewardSpecRow, Run, Task, TrainStep, Turn
 from trajlake.store import Lake
+from trajlake.view import export, pages, render
+from trajlake.view.pages import Links, Pages
+from trajlake.view.server import Viewer, export_site
+from trajlake.view.train_data import train_ids
 
 RUNS = ["collect-a", "../" + payload("run"), "eval-b"]
 #: a train run: collect-a is its iteration's run, eval-b the eval of its checkpoint `pol`
@@ -79,7 +79,7 @@ def lake(tmp_path_factory):
 @pytest.fixture
 def small_parts(monkeypatch):
     """Runs of more than 2 episodes in parts (every module that reads the constant sees it)."""
-    for module in (viewer_render, viewer_pages, viewer_export):
+    for module in (render, pages, export):
         monkeypatch.setattr(module, "RUN_PAGE_ROWS", 2)
 
 
@@ -89,7 +89,7 @@ def per_page_site(lake, spec: str | None) -> dict[Path, str]:
     pages = Pages(lake, snap, spec, Links(static=True))
     out = {Path("index.html"): pages.runs()}
     for run_id, n in lake.query("SELECT run_id, count(*) FROM episodes GROUP BY 1").rows():
-        for part in range(1, -(-n // viewer_render.RUN_PAGE_ROWS) + 1):
+        for part in range(1, -(-n // render.RUN_PAGE_ROWS) + 1):
             out[Path("runs", Links.page_file(run_id, part))] = pages.run(run_id, part)
     for (eid,) in lake.query("SELECT episode_id FROM episodes").rows():
         out[Path("episodes", Links.page_file(eid))] = pages.episode(eid)
@@ -150,7 +150,7 @@ def test_long_runs_come_in_parts_served_and_exported(lake, tmp_path, small_parts
 
 def test_the_export_says_how_far_it_is(lake, tmp_path, capfd, monkeypatch):
     """Off a terminal (here): one line per step on stderr, nothing on stdout; progress=False: silent."""
-    monkeypatch.setattr(viewer_export, "CHUNK", 5)
+    monkeypatch.setattr(export, "CHUNK", 5)
     export_site(lake, tmp_path / "site", progress=True)
     out, err = capfd.readouterr()
     lines = err.strip().splitlines()

@@ -11,9 +11,9 @@ from urllib.parse import urlsplit
 import pytest
 
 from tests.viewer_helpers import SPEC_NAME, Tags, build_hostile_lake, csp_refusals, open_browser
-from trajlake.evaluate.report import CSP, build_report
-from trajlake.evaluate.viewer import Viewer
 from trajlake.store import Lake
+from trajlake.view.report import CSP, build_report
+from trajlake.view.server import Viewer
 
 VIEWER = "http://127.0.0.1:9/"
 

@@ -16,12 +16,12 @@ import pytest
 
 from tests.viewer_helpers import Tags, csp_refusals, open_browser, served, train_lake_uri
 from trajlake.evaluate.metrics import wilson_interval
-from trajlake.evaluate.viewer import Viewer, export_site
-from trajlake.evaluate.viewer_html import SCRIPT
-from trajlake.evaluate.viewer_pages import Links, Pages
 from trajlake.schemas.records import Run
 from trajlake.store import Lake
 from trajlake.store.reads import latest_spec
+from trajlake.view.markup import SCRIPT
+from trajlake.view.pages import Links, Pages
+from trajlake.view.server import Viewer, export_site
 
 
 @pytest.fixture(scope="module")

@@ -1,14 +1,14 @@
-"""The train pages' pure parts (evaluate/viewer_train.py, viewer_train_data.py) on hand-made rows: a train
+"""The train pages' pure parts (view/train_pages.py, train_data.py) on hand-made rows: a train
 run's lineage (its checkpoints, the policy it started from, their ancestors, a cycle), which evals it shows and
 in what order, wins and losses per task, the evals compared side by side when there are many, and its config
 against TrainConfig's defaults."""
 
 from __future__ import annotations
 
-from trajlake.evaluate.viewer_evals import MAX_COMPARED, compared, headline, tasks_table, versus
-from trajlake.evaluate.viewer_pages import Links
-from trajlake.evaluate.viewer_train import config_rows
-from trajlake.evaluate.viewer_train_data import REQUIRED, EvalGroup, EvalResult, _evals_of, lineage, train_fields
+from trajlake.view.evals import MAX_COMPARED, compared, headline, tasks_table, versus
+from trajlake.view.pages import Links
+from trajlake.view.train_data import REQUIRED, EvalGroup, EvalResult, _evals_of, lineage, train_fields
+from trajlake.view.train_pages import config_rows
 
 
 def pol(pid, run=None, step=None, parent=None):
@@ -90,8 +90,8 @@ def run_row(run_id, kind, episodes, success_rate, parent=None):
 def test_run_list_says_why_an_import_has_no_success_rate():
     """An import of a file without success flags says so; a collect run with no outcome yet stays blank, and an
     import that has one shows its rate."""
-    from trajlake.evaluate.viewer_render import runs_page
     from trajlake.store.reads import NO_OUTCOME
+    from trajlake.view.render import runs_page
 
     html = runs_page([run_row("imp", "import", 12, None), run_row("imp2", "import", 4, 0.5),
                       run_row("col", "collect", 3, None), run_row("empty", "import", 0, None)], 1, Links(True), None)

@@ -33,12 +33,12 @@ from tests.viewer_helpers import (
     payload,
     served,
 )
-from trajlake.evaluate.viewer import export_site
-from trajlake.evaluate.viewer_html import CSP, SCRIPT
-from trajlake.evaluate.viewer_pages import Links
 from trajlake.store import Lake
+from trajlake.view.markup import CSP, SCRIPT
+from trajlake.view.pages import Links
+from trajlake.view.server import export_site
 
-#: what a chart may hold (evaluate/viewer_charts.py): drawing elements, nothing that runs, loads or links
+#: what a chart may hold (view/charts.py): drawing elements, nothing that runs, loads or links
 SVG_ELEMENTS = {"svg", "title", "text", "line", "polyline", "circle", "path", "g"}
 
 

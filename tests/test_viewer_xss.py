@@ -36,11 +36,11 @@ from tests.viewer_helpers import (
     served,
 )
 from trajlake.core.errors import TrajlakeError
-from trajlake.evaluate.viewer import Viewer, export_site
-from trajlake.evaluate.viewer_html import CSP, CSP_HEADER, SCRIPT, page
-from trajlake.evaluate.viewer_pages import Links
 from trajlake.schemas.records import Episode, Run
 from trajlake.store import Lake
+from trajlake.view.markup import CSP, CSP_HEADER, SCRIPT, page
+from trajlake.view.pages import Links
+from trajlake.view.server import Viewer, export_site
 
 
 @pytest.fixture(scope="module")

@@ -184,7 +184,7 @@ def build_hostile_train_lake(path: Path) -> None:
 @contextlib.contextmanager
 def served(lake):
     """The viewer serving `lake` on a free port for the block (a module fixture's body in each viewer test)."""
-    from trajlake.evaluate.viewer import Viewer
+    from trajlake.view.server import Viewer
 
     v = Viewer(lake, port=0)
     v.start()

@@ -1,9 +1,9 @@
 """The viewer's page renderers: pure functions from rows already read to HTML, no lake access.
 
-`viewer_pages.Pages` (served pages, and any one page) reads one page's rows and calls these; the static
-export (`viewer_export`) reads the rows of every page in a few bulk queries and calls the very same
+`pages.Pages` (served pages, and any one page) reads one page's rows and calls these; the static
+export (`export`) reads the rows of every page in a few bulk queries and calls the very same
 functions, so a page is the same bytes whichever way it was read. Every value from the lake goes through
-`esc`, every id in a link through the `links` object (`viewer_pages.Links`), as viewer_html says.
+`esc`, every id in a link through the `links` object (`pages.Links`), as markup says.
 """
 
 from __future__ import annotations
@@ -11,9 +11,9 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable
 
 from trajlake.evaluate.metrics import held_out_label
-from trajlake.evaluate.viewer_charts import sparkline
-from trajlake.evaluate.viewer_html import attrs, esc, link, page
 from trajlake.store.reads import NO_OUTCOME
+from trajlake.view.charts import sparkline
+from trajlake.view.markup import attrs, esc, link, page
 
 #: the most episodes one run page lists; a longer run is split into parts (`?page=N`, `<run>%pN.html`), so
 #: a run of 100,000 episodes answers as fast as one of 2,000 and its page stays one a browser opens at once

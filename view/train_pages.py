@@ -1,8 +1,8 @@
-"""The viewer's train run and trained-on pages: pure functions from what viewer_train_data read to HTML, no lake
-access (served and exported pages call the same ones, as viewer_render's are called).
+"""The viewer's train run and trained-on pages: pure functions from what train_data read to HTML, no lake
+access (served and exported pages call the same ones, as render's are called).
 
 A train run's page: its learning curves (one chart per metric its steps hold, x = step; eval success with its
-Wilson interval from the eval runs of its policies), its evals beside them (viewer_evals draws them), its config
+Wilson interval from the eval runs of its policies), its evals beside them (evals draws them), its config
 (the fields that differ from TrainConfig's defaults first), its policies with their parents and evals, and its
 steps with what each trained on (`train_steps.episode_ids`: the runs they came from, and a page listing them).
 Every value goes through `esc`, every link through `links`.
@@ -13,8 +13,8 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from trajlake.evaluate.viewer_charts import Point, Series, line_chart
-from trajlake.evaluate.viewer_evals import (
+from trajlake.view.charts import Point, Series, line_chart
+from trajlake.view.evals import (
     evals_page,
     evals_table,
     group_name,
@@ -23,9 +23,9 @@ from trajlake.evaluate.viewer_evals import (
     success_chart,
     versus_line,
 )
-from trajlake.evaluate.viewer_html import attrs, esc, link, page
-from trajlake.evaluate.viewer_render import episode_table
-from trajlake.evaluate.viewer_train_data import REQUIRED, TrainView
+from trajlake.view.markup import attrs, esc, link, page
+from trajlake.view.render import episode_table
+from trajlake.view.train_data import REQUIRED, TrainView
 
 #: the curves a train page draws first, each where its steps hold the metric: (key, title, y range to include)
 CURVES: list[tuple[str, str, tuple[float | None, float | None]]] = [

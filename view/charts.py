@@ -15,7 +15,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import NamedTuple
 
-from trajlake.evaluate.viewer_html import esc
+from trajlake.view.markup import esc
 
 #: series colours, in order (a colour-blind-safe palette: Okabe and Ito's)
 COLORS = ("#0072b2", "#d55e00", "#009e73", "#cc79a7", "#e69f00", "#56b4e9", "#000000", "#f0e442")

@@ -10,13 +10,13 @@ each of its tokens shaded by the reward the spec allocated to it (`token_rewards
 token's title and `data-reward`), and beside the episode's reward its group-relative advantage (GRPO's: the
 reward minus its group's mean, over the group's std), the parsed action, format flag, step reward and info.
 Two episodes, or one episode under two specs, go side by side (`compare`). A train run has its own pages
-(viewer_train): its curves, evals, config, policies and steps (`train`), its evals compared on the same tasks
-(`evals`; any two eval runs: `eval_pair`) and what each step trained on (`trained`), read by viewer_train_data
+(train_pages): its curves, evals, config, policies and steps (`train`), its evals compared on the same tasks
+(`evals`; any two eval runs: `eval_pair`) and what each step trained on (`trained`), read by train_data
 for one run here and for every train run at once by the export.
 
 `Pages` reads one page's rows (a few queries, each filtered by the id the page is of, so DuckLake reads only
-the files whose statistics hold it) and renders them with viewer_render's functions; the export reads every
-page's rows in bulk (viewer_export) and renders with the same functions.
+the files whose statistics hold it) and renders them with render's functions; the export reads every
+page's rows in bulk (export) and renders with the same functions.
 """
 
 from __future__ import annotations
@@ -25,9 +25,11 @@ from functools import lru_cache
 
 from trajlake.core.errors import TrajlakeError
 from trajlake.core.ids import path_component
-from trajlake.evaluate.viewer_evals import pair_page
-from trajlake.evaluate.viewer_html import esc, link, page, url_part
-from trajlake.evaluate.viewer_render import (
+from trajlake.store.reads import eval_contamination, policy_source, reward_spec_names
+from trajlake.store.runs import stored as stored_run
+from trajlake.view.evals import pair_page
+from trajlake.view.markup import esc, link, page, url_part
+from trajlake.view.render import (
     RUN_PAGE_ROWS,
     TokenText,
     episode_block,
@@ -38,16 +40,14 @@ from trajlake.evaluate.viewer_render import (
     runs_page,
     shade,
 )
-from trajlake.evaluate.viewer_train import train_evals_page, train_page, trained_page
-from trajlake.evaluate.viewer_train_data import (
+from trajlake.view.train_data import (
     TRAINED_FROM_SQL,
     eval_pair,
     read_train,
     sparks,
     train_fields,
 )
-from trajlake.store.reads import eval_contamination, policy_source, reward_spec_names
-from trajlake.store.runs import stored as stored_run
+from trajlake.view.train_pages import train_evals_page, train_page, trained_page
 
 RUNS_SQL = """
 SELECT r.run_id, r.kind, r.status, r.parent_run_id, count(e.episode_id) AS episodes,
@@ -157,7 +157,7 @@ class Links:
 
 class Pages:
     """The viewer's pages over `lake` at `snapshot`, rewards under spec `spec` (a spec id; None: none): each
-    method reads one page's rows and renders them with viewer_render's functions (the export renders with the
+    method reads one page's rows and renders them with render's functions (the export renders with the
     same functions from rows it reads in bulk)."""
 
     def __init__(self, lake, snapshot: int, spec: str | None, links: Links,
@@ -196,7 +196,7 @@ class Pages:
         """The run list from rows already read (RUNS_SQL's) and the train runs' sparkline values (`sparks`)."""
         return runs_page(rows, self.snapshot, self.links, self.spec, lines)
 
-    # ---- train runs and their evals (viewer_train) ------------------------------------------------------------
+    # ---- train runs and their evals (train_pages) ------------------------------------------------------------
     def _train_view(self, run_id: str):
         view = read_train(self.lake, self.snapshot, [run_id]).get(run_id)
         if view is None:

@@ -1,4 +1,4 @@
-"""The viewer's eval comparison: pure functions from the evals viewer_train_data read to HTML, no lake access
+"""The viewer's eval comparison: pure functions from the evals train_data read to HTML, no lake access
 (a train run's page shows a group's chart and table beside its curves; the comparison page shows them all).
 
 Per env and split: each eval's success with its Wilson interval and held-out label, and per task which policy
@@ -11,9 +11,9 @@ import re
 from collections.abc import Sequence
 
 from trajlake.evaluate.metrics import held_out_label, wilson_interval
-from trajlake.evaluate.viewer_charts import fmt, interval_chart
-from trajlake.evaluate.viewer_html import attrs, esc, link, page
-from trajlake.evaluate.viewer_train_data import EvalGroup, EvalResult
+from trajlake.view.charts import fmt, interval_chart
+from trajlake.view.markup import attrs, esc, link, page
+from trajlake.view.train_data import EvalGroup, EvalResult
 
 #: the most evals a group compares task by task (more: the baselines, the last, and evenly between)
 MAX_COMPARED = 8

@@ -8,11 +8,11 @@ trained on); every page takes `?spec=SPEC_ID` (default: the last spec scored). `
 work too, but the pages link with the query form: a browser collapses a path segment `.` or `..`, however
 encoded. The lake is read at one snapshot pinned when the viewer starts (`--snapshot` to choose), so what a
 page shows does not move while new runs land.
-Exported (`--out DIR`, viewer_export.py): `index.html`, `runs/<run>.html` (and `<run>%pN.html` for the parts
+Exported (`--out DIR`, export.py): `index.html`, `runs/<run>.html` (and `<run>%pN.html` for the parts
 of a long run), `train/<run>.html`, `evals/<run>.html` and `trained/<run>%sN.html` of each train run,
 `episodes/<id>.html` (ids encoded into one safe file name each, every written path checked to lie inside DIR),
 the same pages with relative links, under one spec, for sharing, read in a few bulk queries. Pages escape
-everything they show and carry a Content-Security-Policy (viewer_html.py).
+everything they show and carry a Content-Security-Policy (markup.py).
 """
 
 from __future__ import annotations
@@ -23,10 +23,10 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from urllib.parse import parse_qs, unquote, urlparse
 
 from trajlake.core.errors import TrajlakeError
-from trajlake.evaluate.viewer_export import _pin, export_site
-from trajlake.evaluate.viewer_html import CSP_HEADER, error_page
-from trajlake.evaluate.viewer_pages import Links, Pages
 from trajlake.store.reads import latest_spec, reward_spec_names
+from trajlake.view.export import _pin, export_site
+from trajlake.view.markup import CSP_HEADER, error_page
+from trajlake.view.pages import Links, Pages
 
 #: the addresses that reach only this machine (a viewer bound to one checks the Host of each request)
 LOOPBACK = ("127.0.0.1", "::1")

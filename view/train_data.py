@@ -3,7 +3,7 @@
 Every read takes a list of train run ids: a served page passes its one run (each query then filters by it), the
 static export passes every train run of the lake (one query each, for all its pages). The rows come back in
 one order and are split by run in Python, so a train run's page gets the same data either way and renders to
-the same bytes (viewer_train's renderers).
+the same bytes (train_pages's renderers).
 
 A train run's policies are its checkpoints (`policies.run_id` = the run, with a step), the policy it started
 from (their parent outside the run, or the run's `start_policy`) and that one's ancestors (`parent_policy_id`,

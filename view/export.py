@@ -1,6 +1,6 @@
 """`trajlake view --out DIR`: the viewer's pages as static files, read from the lake in a few bulk queries.
 
-Every page is rendered by viewer_render's functions, as a served page is; only the reading differs. A served
+Every page is rendered by render's functions, as a served page is; only the reading differs. A served
 page reads its own rows (3-4 queries of ~0.1 s each, most of it pinning the snapshot: 3-4 pages/s), so the
 export reads every page's rows at once, at the one pinned snapshot:
 
@@ -24,10 +24,10 @@ import polars as pl
 from trajlake.core.atomic import write_text_atomically
 from trajlake.core.errors import TrajlakeError
 from trajlake.core.progress import StepProgress
-from trajlake.evaluate.viewer_pages import RUN_PAGE_ROWS, RUNS_SQL, TURN_COLUMNS, Links, Pages, _tokenizer_for
-from trajlake.evaluate.viewer_render import TokenText, episode_block, rewards_from_spans
-from trajlake.evaluate.viewer_train_data import read_train, sparks, train_ids
 from trajlake.store.reads import latest_spec
+from trajlake.view.pages import RUN_PAGE_ROWS, RUNS_SQL, TURN_COLUMNS, Links, Pages, _tokenizer_for
+from trajlake.view.render import TokenText, episode_block, rewards_from_spans
+from trajlake.view.train_data import read_train, sparks, train_ids
 
 #: episodes whose turns and token rewards are read (and held) at once
 CHUNK = 2000

@@ -39,7 +39,7 @@ td.num{white-space:nowrap} section.evalgroup{border-top:1px solid #ccc;margin-to
 # The one script of every page. It reads the page only through data-* attributes and textContent, never
 # builds HTML, and attaches its listeners itself (the CSP forbids onclick= attributes). Token shading is
 # applied here because the CSP forbids style= attributes; the colours are computed by the server
-# (viewer_pages.shade) and only ever assigned through the CSSOM.
+# (pages.shade) and only ever assigned through the CSSOM.
 SCRIPT = """
 'use strict';
 function applyFilters(){const f=document.getElementById('filters');const v=n=>f.elements[n].value.trim();
