@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from trajlake.view.evals import MAX_COMPARED, compared, headline, tasks_table, versus
 from trajlake.view.pages import Links
-from trajlake.view.train_data import REQUIRED, EvalGroup, EvalResult, _evals_of, lineage, train_fields
+from trajlake.view.train_data import REQUIRED, EvalGroup, PolicyEval, _evals_of, lineage, train_fields
 from trajlake.view.train_pages import config_rows
 
 
@@ -22,7 +22,7 @@ POLICIES = {p["policy_id"]: p for p in [
 
 
 def ev(run, policy, tasks, *, parent=None, env="doors", split="test", started=0):
-    return EvalResult(run, parent, started, policy, env, split, tasks)
+    return PolicyEval(run, parent, started, policy, env, split, tasks)
 
 
 def test_lineage_roles_steps_and_depths():
@@ -65,7 +65,7 @@ def test_wins_and_losses_per_task():
 def test_many_evals_compare_the_baselines_the_first_and_the_last():
     t = {"t": (1, 1, "e")}
     evals = [ev("base", "b", t)] + [ev(f"own-{i}", f"p{i}", t) for i in range(20)]
-    evals[0] = EvalResult(**{**evals[0].__dict__, "role": "start"})
+    evals[0] = PolicyEval(**{**evals[0].__dict__, "role": "start"})
     got = compared(evals)
     assert len(got) == MAX_COMPARED and got[0].eval_run == "base"
     assert got[1].eval_run == "own-0" and got[-1].eval_run == "own-19"

@@ -13,14 +13,14 @@ from collections.abc import Sequence
 from trajlake.evaluate.metrics import held_out_label, wilson_interval
 from trajlake.view.charts import fmt, interval_chart
 from trajlake.view.markup import attrs, esc, link, page
-from trajlake.view.train_data import EvalGroup, EvalResult
+from trajlake.view.train_data import EvalGroup, PolicyEval
 
 #: the most evals a group compares task by task (more: the baselines, the last, and evenly between)
 MAX_COMPARED = 8
 
 
 # ---- numbers ----------------------------------------------------------------------------------------------
-def success(e: EvalResult) -> tuple[float | None, float | None, float | None]:
+def success(e: PolicyEval) -> tuple[float | None, float | None, float | None]:
     """(rate, low, high) of an eval's played episodes, Wilson's 95% interval; Nones over none."""
     n, s = e.episodes, e.successes
     if not n:
@@ -29,7 +29,7 @@ def success(e: EvalResult) -> tuple[float | None, float | None, float | None]:
     return s / n, lo, hi
 
 
-def _rate_text(e: EvalResult) -> str:
+def _rate_text(e: PolicyEval) -> str:
     rate, lo, hi = success(e)
     if rate is None:
         return "none"
@@ -40,7 +40,7 @@ def _task_rate(t: tuple[int, int, str] | None) -> float | None:
     return None if t is None or not t[0] else t[1] / t[0]
 
 
-def versus(a: EvalResult, b: EvalResult) -> tuple[int, int, int, int]:
+def versus(a: PolicyEval, b: PolicyEval) -> tuple[int, int, int, int]:
     """(shared tasks, a better, b better, the same) over the tasks both evals played (per task: its success
     rate over its samples)."""
     shared = [t for t in a.tasks if t in b.tasks]
@@ -54,17 +54,17 @@ def group_name(g: EvalGroup) -> str:
     return f"{g.env or '?'} {g.split or '?'}"
 
 
-def role_text(e: EvalResult) -> str:
+def role_text(e: PolicyEval) -> str:
     return {"own": f"step {fmt(e.x)}" if e.x is not None else "own", "start": "start",
             "ancestor": "ancestor", "a": "a", "b": "b"}.get(
         e.role, f"in-training eval at step {fmt(e.x)}" if e.x is not None else "in-training eval")
 
 
-def _label(e: EvalResult) -> str:
+def _label(e: PolicyEval) -> str:
     return f"{e.policy_id or '?'} ({role_text(e)})"
 
 
-def _held(e: EvalResult) -> str:
+def _held(e: PolicyEval) -> str:
     h = e.held_out
     if not h:
         return "<td class=\"muted\">?</td>"
@@ -98,7 +98,7 @@ def success_chart(g: EvalGroup) -> str:
                           title=f"success on {group_name(g)} (Wilson 95%)")
 
 
-def compared(evals: Sequence[EvalResult]) -> list[EvalResult]:
+def compared(evals: Sequence[PolicyEval]) -> list[PolicyEval]:
     """The evals a group compares task by task: all of up to MAX_COMPARED; of more, the last two baselines
     (ancestors, the start) and the rest evenly spaced, the first and the last of them included."""
     evals = list(evals)
@@ -111,7 +111,7 @@ def compared(evals: Sequence[EvalResult]) -> list[EvalResult]:
     return base + [rest[i] for i in idx]
 
 
-def headline(g: EvalGroup) -> tuple[EvalResult, EvalResult] | None:
+def headline(g: EvalGroup) -> tuple[PolicyEval, PolicyEval] | None:
     """The pair a group's comparison leads with: its last eval against the start's (else its first)."""
     if len(g.evals) < 2:
         return None
@@ -120,13 +120,13 @@ def headline(g: EvalGroup) -> tuple[EvalResult, EvalResult] | None:
     return (starts[-1] if starts else g.evals[0]), last
 
 
-def versus_line(a: EvalResult, b: EvalResult) -> str:
+def versus_line(a: PolicyEval, b: PolicyEval) -> str:
     n, better, worse, same = versus(b, a)
     return (f"<p class=\"versus\">{esc(_label(b))} against {esc(_label(a))}, on the {n} tasks both played: "
             f"<b class=\"win\">better on {better}</b>, <b class=\"loss\">worse on {worse}</b>, the same on {same}</p>")
 
 
-def wins_table(evals: Sequence[EvalResult], table_id: str) -> str:
+def wins_table(evals: Sequence[PolicyEval], table_id: str) -> str:
     """Row against column: on how many of the tasks both played the row's policy did better (success rate
     per task)."""
     head = "".join(f"<th{attrs(title=_label(e))}>#{i + 1}</th>" for i, e in enumerate(evals))
@@ -150,7 +150,7 @@ def _natural(task: str | None) -> tuple:
     return (task is None, [(0, int(p), "") if p.isdigit() else (1, 0, p) for p in re.split(r"(\d+)", str(task))])
 
 
-def tasks_table(evals: Sequence[EvalResult], links, spec: str | None, depth: int, table_id: str) -> str:
+def tasks_table(evals: Sequence[PolicyEval], links, spec: str | None, depth: int, table_id: str) -> str:
     """One row per task any of `evals` played, those where they differ first: each eval's result on it
     (✓, ✗, or successes/samples), linked to its first episode."""
     tasks = sorted({t for e in evals for t in e.tasks}, key=_natural)

@@ -30,6 +30,7 @@ from trajlake.core.errors import TrajlakeError
 from trajlake.core.sql_text import sql_list
 from trajlake.evaluate.metrics import held_out_label
 from trajlake.store import Lake
+from trajlake.view.train_data import metric_columns
 
 # `{runs}` becomes a filter on the run ids given to build_report (nothing when every run is shown).
 # Episodes that ended in an env error (status 'error': a dead env server, not the policy) are left out of
@@ -43,21 +44,15 @@ SELECT r.kind, count(DISTINCT r.run_id) AS runs,
 FROM runs r LEFT JOIN episodes e USING (run_id)
 GROUP BY r.kind ORDER BY r.kind"""
 
-LEARNING_SQL = """
-SELECT s.run_id, s.step,
-       TRY_CAST(s.metrics->>'iteration' AS INTEGER) AS iteration,
-       TRY_CAST(s.metrics->>'success_mean' AS DOUBLE) AS success,
-       TRY_CAST(s.metrics->>'reward_mean' AS DOUBLE) AS reward,
-       TRY_CAST(s.metrics->>'eval_success' AS DOUBLE) AS eval_success
-FROM train_steps s{runs}
+LEARNING_SQL = f"""
+SELECT s.run_id, s.step, {metric_columns({"success_mean": "success", "reward_mean": "reward",
+                                          "eval_success": "eval_success"})}
+FROM train_steps s{{runs}}
 ORDER BY s.run_id, s.step"""
 
-KL_SQL = """
-SELECT s.run_id, s.step,
-       TRY_CAST(s.metrics->>'kl' AS DOUBLE) AS kl,
-       TRY_CAST(s.metrics->>'entropy' AS DOUBLE) AS entropy,
-       TRY_CAST(s.metrics->>'pg_clipfrac' AS DOUBLE) AS clip_fraction
-FROM train_steps s{runs}
+KL_SQL = f"""
+SELECT s.run_id, s.step, {metric_columns({"kl": "kl", "entropy": "entropy", "pg_clipfrac": "clip_fraction"})}
+FROM train_steps s{{runs}}
 ORDER BY s.run_id, s.step"""
 
 REWARDS_SQL = """

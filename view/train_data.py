@@ -74,9 +74,16 @@ EVALS_OF = "(e.policy_id IN (SELECT unnest($1::VARCHAR[])) OR r.parent_run_id IN
 EVAL_RUNS = "e.run_id IN (SELECT unnest($1::VARCHAR[]))"
 #: the steps' main metric for the run list's sparklines, the first of these a run has
 SPARK_METRICS = (("success_mean", "success"), ("reward_mean", "reward"), ("loss", "loss"))
-SPARK_SQL = ("SELECT run_id, step, "
-             + ", ".join(f"TRY_CAST(metrics->>'{k}' AS DOUBLE) AS {k}" for k, _ in SPARK_METRICS)
-             + " FROM train_steps ORDER BY run_id, step")
+
+
+def metric_columns(metrics: dict[str, str]) -> str:
+    """SELECT columns reading train_steps' metrics by key as numbers (`metrics`: key -> column name; a metric a
+    step lacks, or one that is not a number, is NULL): how the viewer and the report read a run's curves."""
+    return ", ".join(f"TRY_CAST(metrics->>'{key}' AS DOUBLE) AS {column}" for key, column in metrics.items())
+
+
+SPARK_SQL = (f"SELECT run_id, step, {metric_columns({k: k for k, _ in SPARK_METRICS})} "
+             "FROM train_steps ORDER BY run_id, step")
 #: the longest lineage walked up from a run's start (a hand-edited cycle stops here, as the lineage views do)
 MAX_DEPTH = 64
 #: an in-training eval's run id (`trajlake train`'s: `RUN/eval-STEP`)
@@ -84,7 +91,7 @@ _EVAL_STEP = re.compile(r"/eval-(\d+)$")
 
 
 @dataclass(frozen=True)
-class EvalResult:
+class PolicyEval:
     """One eval run's episodes of one policy, env and split: per task (episodes, successes, first episode id),
     what the policy is to the train run the page is of (`role`: own, start, ancestor or eval, its step `x` on
     the run's curve when it has one) and its `eval_contamination` row (`held_out`)."""
@@ -121,7 +128,7 @@ class EvalGroup:
 
     env: str | None
     split: str | None
-    evals: list[EvalResult]
+    evals: list[PolicyEval]
 
 
 @dataclass
@@ -199,13 +206,13 @@ def lineage(policies: dict[str, dict], run_id: str, start: str | None) -> dict[s
     return roles
 
 
-def _order(e: EvalResult) -> tuple:
+def _order(e: PolicyEval) -> tuple:
     rank = {"ancestor": 0, "start": 1, "own": 2, "eval": 2}.get(e.role, 3)
     return (rank, -e.depth if e.role == "ancestor" else 0, e.x if e.x is not None else float("inf"),
             str(e.started_at), e.eval_run, e.policy_id or "")
 
 
-def _evals_of(results: list[EvalResult], run_id: str, roles: dict) -> list[EvalGroup]:
+def _evals_of(results: list[PolicyEval], run_id: str, roles: dict) -> list[EvalGroup]:
     """The eval groups train run `run_id` shows (module docstring), each in compare order."""
     mine = []
     for r in results:
@@ -217,7 +224,7 @@ def _evals_of(results: list[EvalResult], run_id: str, roles: dict) -> list[EvalG
         else:
             continue
         mine.append(dataclasses.replace(r, role=role, x=x, depth=depth))
-    groups: dict[tuple, list[EvalResult]] = {}
+    groups: dict[tuple, list[PolicyEval]] = {}
     for r in mine:
         groups.setdefault((r.env, r.split), []).append(r)
     out = []
@@ -227,8 +234,8 @@ def _evals_of(results: list[EvalResult], run_id: str, roles: dict) -> list[EvalG
     return sorted(out, key=lambda g: (g.env or "", g.split or ""))
 
 
-def eval_results(lake, snapshot: int, rows: list[dict]) -> list[EvalResult]:
-    """One EvalResult per (eval run, policy, env, split) of EVAL_TASKS_SQL's `rows`, in their order, each with its
+def eval_results(lake, snapshot: int, rows: list[dict]) -> list[PolicyEval]:
+    """One PolicyEval per (eval run, policy, env, split) of EVAL_TASKS_SQL's `rows`, in their order, each with its
     `eval_contamination` row."""
     by: dict[tuple, dict] = {}
     for r in rows:
@@ -241,7 +248,7 @@ def eval_results(lake, snapshot: int, rows: list[dict]) -> list[EvalResult]:
     if by:
         for h in _held_out(lake, snapshot, tuple(sorted({k[0] for k in by}))):
             held[(h["eval_run"], h["policy_id"], h["env"], h["split"])] = h
-    return [EvalResult(**v, held_out=held.get(k)) for k, v in by.items()]
+    return [PolicyEval(**v, held_out=held.get(k)) for k, v in by.items()]
 
 
 @lru_cache(maxsize=64)
@@ -301,7 +308,7 @@ def eval_pair(lake, snapshot: int, a: str, b: str) -> list[EvalGroup]:
         if rid not in found:
             raise KeyError(rid)
     results = eval_results(lake, snapshot, rows)
-    groups: dict[tuple, list[EvalResult]] = {}
+    groups: dict[tuple, list[PolicyEval]] = {}
     for side, rid in (("a", a), ("b", b)):
         for r in results:
             if r.eval_run == rid:
@@ -325,5 +332,5 @@ def sparks(lake, snapshot: int) -> dict[str, tuple[str, list[tuple[float, float 
     return out
 
 
-__all__ = ["EvalGroup", "EvalResult", "TrainView", "eval_pair", "eval_results", "lineage", "read_train", "sparks",
-           "train_fields", "train_ids", "REQUIRED"]
+__all__ = ["EvalGroup", "PolicyEval", "TrainView", "eval_pair", "eval_results", "lineage", "read_train", "sparks",
+           "train_fields", "train_ids", "REQUIRED", "metric_columns"]
