@@ -271,6 +271,16 @@ class Preset:
             object.__setattr__(self, "splits", bounded_splits(self.size) if self.size else dict(DEFAULT_SPLITS))
         if self.send_task:  # the server lists each split's tasks itself: the splits here are only their names
             return
+        self._check_splits()
+        if self.difficulty_profile is not None:
+            object.__setattr__(self, "difficulty_profile", tuple((int(d), int(c)) for d, c in self.difficulty_profile))
+            total = sum(count for _, count in self.difficulty_profile)
+            if total != self.size or any(count <= 0 for _, count in self.difficulty_profile):
+                raise ValueError(f"preset {self.name}: difficulty_profile counts {total} tasks in positive runs; "
+                                 f"it must count the server's {self.size}")
+
+    def _check_splits(self) -> None:
+        """The splits are disjoint, non-empty ranges within the server's tasks, covering them all."""
         ranges = sorted((start, end, name) for name, (start, end) in self.splits.items())
         for (_, end, name), (start, _, after) in itertools.pairwise(ranges):
             if end is None or end > start:
@@ -283,12 +293,6 @@ class Preset:
         if self.size is not None and sum(end - start for start, end in self.splits.values()) != self.size:
             raise ValueError(f"preset {self.name}: the splits leave some of the server's {self.size} tasks out; "
                              "they must cover them all (the stratified scheme deals every task to a split)")
-        if self.difficulty_profile is not None:
-            object.__setattr__(self, "difficulty_profile", tuple((int(d), int(c)) for d, c in self.difficulty_profile))
-            total = sum(count for _, count in self.difficulty_profile)
-            if total != self.size or any(count <= 0 for _, count in self.difficulty_profile):
-                raise ValueError(f"preset {self.name}: difficulty_profile counts {total} tasks in positive runs; "
-                                 f"it must count the server's {self.size}")
 
     @property
     def env_name(self) -> str:

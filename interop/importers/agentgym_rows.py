@@ -58,6 +58,24 @@ def parse_action(text: str) -> str | None:
 
 def messages_of(row: Mapping, where: str, limits: Limits) -> tuple[list[dict], list[bool]]:
     """A row's conversation as chat messages, and which of them are agent turns (validated)."""
+    conv = _conversation(row, where, limits)
+    messages, losses = [], []
+    for j, m in enumerate(conv):
+        message, loss = _message(m, f"{where} message {j}")
+        messages.append(message)
+        losses.append(loss)
+    replies = [(m["role"] == "assistant", loss) for m, loss in zip(messages, losses, strict=True)]
+    explicit = any(is_reply and loss is True for is_reply, loss in replies)
+    agent = [is_reply and (loss is True if explicit else loss is not False) for is_reply, loss in replies]
+    if not any(agent):
+        raise TrajectoryImportError(f"{where}: no agent turn (no gpt message with loss true or null)")
+    if agent[0]:
+        raise TrajectoryImportError(f"{where}: starts with an agent message; a turn needs an observation first")
+    return messages, agent
+
+
+def _conversation(row: Mapping, where: str, limits: Limits) -> list:
+    """The row's `conversations` list (parsed and held to `limits` where an export keeps it as JSON text)."""
     if "conversations" not in row:
         raise TrajectoryImportError(f"{where}: no `conversations` field (fields: {', '.join(map(str, row)) or 'none'})")
     conv = row["conversations"]
@@ -74,31 +92,45 @@ def messages_of(row: Mapping, where: str, limits: Limits) -> tuple[list[dict], l
         check_row(conv, f"{where}: the JSON text of `conversations`", limits)
     if not isinstance(conv, list) or not conv:
         raise TrajectoryImportError(f"{where}: `conversations` must be a non-empty list, got {kind_name(conv)}")
-    messages, losses = [], []
-    for j, m in enumerate(conv):
-        if not isinstance(m, Mapping):
-            raise TrajectoryImportError(f"{where} message {j}: expected an object, got {kind_name(m)}")
-        frm, value = m.get("from", m.get("role")), m.get("value", m.get("content"))
-        if frm is None:
-            raise TrajectoryImportError(f"{where} message {j}: no `from` (the speaker)")
-        if not isinstance(value, str):
-            raise TrajectoryImportError(f"{where} message {j}: no `value` text (got {kind_name(value)})")
-        role = ROLES.get(str(frm).lower())
-        if role is None:
-            raise TrajectoryImportError(f"{where} message {j}: unknown role {frm!r}; known: {', '.join(ROLES)}")
-        loss = m.get("loss")
-        if loss is not None and not isinstance(loss, bool):
-            raise TrajectoryImportError(f"{where} message {j}: `loss` must be true, false or null, got {loss!r}")
-        messages.append({"role": role, "content": value})
-        losses.append(loss)
-    replies = [(m["role"] == "assistant", loss) for m, loss in zip(messages, losses, strict=True)]
-    explicit = any(is_reply and loss is True for is_reply, loss in replies)
-    agent = [is_reply and (loss is True if explicit else loss is not False) for is_reply, loss in replies]
-    if not any(agent):
-        raise TrajectoryImportError(f"{where}: no agent turn (no gpt message with loss true or null)")
-    if agent[0]:
-        raise TrajectoryImportError(f"{where}: starts with an agent message; a turn needs an observation first")
-    return messages, agent
+    return conv
+
+
+def _message(m: Any, where: str) -> tuple[dict, bool | None]:
+    """One conversation entry as a chat message, and its `loss` flag (None when unset)."""
+    if not isinstance(m, Mapping):
+        raise TrajectoryImportError(f"{where}: expected an object, got {kind_name(m)}")
+    frm, value = m.get("from", m.get("role")), m.get("value", m.get("content"))
+    if frm is None:
+        raise TrajectoryImportError(f"{where}: no `from` (the speaker)")
+    if not isinstance(value, str):
+        raise TrajectoryImportError(f"{where}: no `value` text (got {kind_name(value)})")
+    role = ROLES.get(str(frm).lower())
+    if role is None:
+        raise TrajectoryImportError(f"{where}: unknown role {frm!r}; known: {', '.join(ROLES)}")
+    loss = m.get("loss")
+    if loss is not None and not isinstance(loss, bool):
+        raise TrajectoryImportError(f"{where}: `loss` must be true, false or null, got {loss!r}")
+    return {"role": role, "content": value}, loss
+
+
+def _turns(messages: list[dict], agent: list[bool], source: dict[str, Any]) -> list[dict]:
+    """The episode's turns: each agent message with the observations since the last one; the first turn's info
+    says where the episode came from (`source`), the last's holds the env's words after it, if any."""
+    turns, obs = [], []
+    for j, (m, is_agent) in enumerate(zip(messages, agent, strict=True)):
+        if not is_agent:
+            if m["role"] != "assistant":  # context replies are in the prompt ids, not the observation text
+                obs.append(m["content"])
+            continue
+        action = parse_action(m["content"])
+        info: dict[str, Any] = {"message_index": j, **({} if turns else source)}  # the source once per episode
+        turns.append({"observation": "\n\n".join(obs), "action_text": m["content"], "action": action,
+                      "format_ok": action is not None, "info": info})
+        obs = []
+    last = max(j for j, a in enumerate(agent) if a)
+    if last + 1 < len(messages):  # the env's last words: no reply followed, so no turn holds them
+        turns[-1]["info"]["after_last_turn"] = messages[last + 1:]
+    return turns
 
 
 def parse_row(row: Mapping, path: Path, sha: str, index: int, tok_fp: str, env_arg, split_arg,
@@ -111,22 +143,7 @@ def parse_row(row: Mapping, path: Path, sha: str, index: int, tok_fp: str, env_a
     env = env_arg or row.get("data_source") or (item_prefix(item_id) if item_id else None)
     if not env:
         raise TrajectoryImportError(f"{where}: no `data_source` or `item_id` to tell the env; pass env=")
-    turns, obs = [], []
-    for j, (m, is_agent) in enumerate(zip(messages, agent, strict=True)):
-        if not is_agent:
-            if m["role"] != "assistant":  # context replies are in the prompt ids, not the observation text
-                obs.append(m["content"])
-            continue
-        action = parse_action(m["content"])
-        info: dict[str, Any] = {"message_index": j}
-        if not turns:  # where the episode came from, once per episode
-            info.update(source_file=path.name, source_row=index, item_id=item_id)
-        turns.append({"observation": "\n\n".join(obs), "action_text": m["content"], "action": action,
-                      "format_ok": action is not None, "info": info})
-        obs = []
-    last = max(j for j, a in enumerate(agent) if a)
-    if last + 1 < len(messages):  # the env's last words: no reply followed, so no turn holds them
-        turns[-1]["info"]["after_last_turn"] = messages[last + 1:]
+    turns = _turns(messages, agent, {"source_file": path.name, "source_row": index, "item_id": item_id})
 
     first_obs = turns[0]["observation"]
     extra = row.get("extra_info") if isinstance(row.get("extra_info"), Mapping) else {}
