@@ -28,6 +28,28 @@ NEVER_INLINED = tuple(t.name for t in TABLES.values()
                       if any(pa.types.is_nested(f.type) and "string" in str(f.type) for f in t.schema))
 
 
+def _table_statements(existing: set[tuple[str, str]], *, with_write_token: bool) -> list[str]:
+    """The statements that bring a lake holding the (table, column) pairs `existing` to the schemas: tables
+    created, columns added (a derived column filled for the rows already stored, in the same snapshot, so every
+    snapshot either lacks it, see `query.pin`, or has it filled), and a multi-process catalog's write token."""
+    tables = {t for t, _ in existing}
+    statements = []
+    if with_write_token and WRITE_TOKEN not in tables:
+        statements += [f"CREATE TABLE {ALIAS}.{WRITE_TOKEN} (n BIGINT)",
+                       f"INSERT INTO {ALIAS}.{WRITE_TOKEN} VALUES (0)"]
+    for tdef in TABLES.values():
+        if tdef.name not in tables:
+            statements.append(tdef.ddl(ALIAS))
+            continue
+        added = [f.name for f in tdef.schema if (tdef.name, f.name) not in existing]
+        statements += [f"ALTER TABLE {ALIAS}.{tdef.name} ADD COLUMN {f.name} {duckdb_type(f)}"
+                       for f in tdef.schema if f.name in added]
+        fill = [f"{c} = {tdef.length_sql(c)}" for c, _ in tdef.list_lengths if c in added]
+        if fill:
+            statements.append(f"UPDATE {ALIAS}.{tdef.name} SET {', '.join(fill)}")
+    return statements
+
+
 def ensure_tables(conn: Connection) -> None:
     """Create missing tables and add columns the schemas gained since the lake was made."""
     cur = conn.cursor()
@@ -37,24 +59,7 @@ def ensure_tables(conn: Connection) -> None:
             "SELECT table_name, column_name FROM duckdb_columns() WHERE database_name = ?", [ALIAS]
         ).fetchall()
     }
-    tables = {t for t, _ in existing}
-    statements = []
-    if conn.catalog.multi_process and WRITE_TOKEN not in tables:
-        statements += [f"CREATE TABLE {ALIAS}.{WRITE_TOKEN} (n BIGINT)",
-                       f"INSERT INTO {ALIAS}.{WRITE_TOKEN} VALUES (0)"]
-    for tdef in TABLES.values():
-        if tdef.name not in tables:
-            statements.append(tdef.ddl(ALIAS))
-            continue
-        added = [f.name for f in tdef.schema if (tdef.name, f.name) not in existing]
-        for f in tdef.schema:
-            if f.name in added:
-                statements.append(f"ALTER TABLE {ALIAS}.{tdef.name} ADD COLUMN {f.name} {duckdb_type(f)}")
-        # derived columns new to this lake: computed for the rows already stored, in the same snapshot
-        # (so every snapshot either lacks the column, see `query.pin`, or has it filled)
-        fill = [f"{c} = {tdef.length_sql(c)}" for c, _ in tdef.list_lengths if c in added]
-        if fill:
-            statements.append(f"UPDATE {ALIAS}.{tdef.name} SET {', '.join(fill)}")
+    statements = _table_statements(existing, with_write_token=conn.catalog.multi_process)
     rows = cur.execute(f"SELECT option_name, value, scope, scope_entry FROM {ALIAS}.options()").fetchall()
     options = {name: value for name, value, scope, _ in rows if scope == "GLOBAL"}
     settings = [] if options.get("parquet_version") == "V2" else [("parquet_version", "2")]
