@@ -251,30 +251,39 @@ def check_expression(expr: str, what: str, tables: Collection[str]) -> None:
         raise UnsafeSQLError(f"{what} {_shown(expr)} is not one SQL expression: {_first_line(str(e))}") from None
     allowed = {t.lower() for t in tables}
     for node, ctes in _walk(tree, what):
-        kind = node.get("type")
-        if kind == "TABLE_FUNCTION":
-            name = _function(node.get("function") or {}) or ("", "?")
-            raise UnsafeSQLError(f"refused: {what} may not call table function {name[1]}(); a filter reads the "
-                                 f"lake's tables ({', '.join(sorted(allowed))}) only")
-        if kind == "SHOW_REF":  # DESCRIBE, SHOW, SUMMARIZE: they read the catalog's own tables
-            raise UnsafeSQLError(f"refused: {what} may not use DESCRIBE, SHOW or SUMMARIZE; a filter reads the "
-                                 f"lake's tables ({', '.join(sorted(allowed))}) only")
-        if kind == "BASE_TABLE":
-            qualified = node.get("catalog_name") or node.get("schema_name")
-            table = str(node.get("table_name", "")).lower()
-            if qualified or (table not in allowed and table not in ctes):
-                shown = ".".join(p for p in (node.get("catalog_name"), node.get("schema_name"),
-                                             node.get("table_name")) if p)
-                raise UnsafeSQLError(f"refused: {what} may read the lake's tables only "
-                                     f"({', '.join(sorted(allowed))}), not {shown!r}{_scope_hint(tree, table, what)}")
-        call = _function(node)
-        if call:
-            qualifier, name = call
-            if (name in _REFUSED_ALWAYS or name.startswith(("ducklake_", *_OTHER_DATABASE))
-                    or qualifier not in _BUILTIN_QUALIFIERS):
-                shown = f"{qualifier}.{name}" if qualifier else name
-                raise UnsafeSQLError(f"refused: {what} may not call {shown}(): a filter may use columns, "
-                                     "operators, scalar functions and subqueries over the lake's tables only")
+        why = _refused_node(node, ctes, allowed, what)
+        if why:
+            if node.get("type") == "BASE_TABLE":
+                why += _scope_hint(tree, str(node.get("table_name", "")).lower(), what)
+            raise UnsafeSQLError(f"refused: {why}")
+
+
+def _refused_node(node: dict, ctes: Collection[str], allowed: set[str], what: str) -> str | None:
+    """Why one node of a filter's parse tree is refused (check_expression's rule), or None."""
+    kind = node.get("type")
+    lake_tables = ", ".join(sorted(allowed))
+    if kind == "TABLE_FUNCTION":
+        name = _function(node.get("function") or {}) or ("", "?")
+        return f"{what} may not call table function {name[1]}(); a filter reads the lake's tables ({lake_tables}) only"
+    if kind == "SHOW_REF":  # DESCRIBE, SHOW, SUMMARIZE: they read the catalog's own tables
+        return f"{what} may not use DESCRIBE, SHOW or SUMMARIZE; a filter reads the lake's tables ({lake_tables}) only"
+    if kind == "BASE_TABLE":
+        qualified = node.get("catalog_name") or node.get("schema_name")
+        table = str(node.get("table_name", "")).lower()
+        if qualified or (table not in allowed and table not in ctes):
+            shown = ".".join(p for p in (node.get("catalog_name"), node.get("schema_name"), node.get("table_name"))
+                             if p)
+            return f"{what} may read the lake's tables only ({lake_tables}), not {shown!r}"
+        return None
+    call = _function(node)
+    if call:
+        qualifier, name = call
+        if (name in _REFUSED_ALWAYS or name.startswith(("ducklake_", *_OTHER_DATABASE))
+                or qualifier not in _BUILTIN_QUALIFIERS):
+            shown = f"{qualifier}.{name}" if qualifier else name
+            return (f"{what} may not call {shown}(): a filter may use columns, operators, scalar functions and "
+                    "subqueries over the lake's tables only")
+    return None
 
 
 def check_filter(expr: str, what: str) -> None:
