@@ -346,6 +346,7 @@ CURVE_SQL = """
 SELECT step AS iteration, round(TRY_CAST(metrics->>'success_mean' AS DOUBLE), 3) AS sampled_success,
        coalesce(round(TRY_CAST(metrics->>'eval_success' AS DOUBLE), 3)::VARCHAR, '-') AS greedy_val_success,
        round(TRY_CAST(metrics->>'outcome_groups' AS DOUBLE), 3) AS groups_with_outcome_difference,
+       coalesce(TRY_CAST(metrics->>'sampling_rounds' AS INTEGER), 1) AS rounds,
        coalesce(round(TRY_CAST(metrics->>'kl' AS DOUBLE), 5)::VARCHAR, '-') AS kl_to_start,
        round(TRY_CAST(metrics->>'reward_mean' AS DOUBLE), 3) AS reward_mean,
        round(TRY_CAST(metrics->>'entropy' AS DOUBLE), 3) AS entropy,

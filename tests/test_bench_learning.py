@@ -29,6 +29,7 @@ def test_one_tiny_seed_prints_the_plateau_and_rl(bench, tiny, capsys):
     assert bench.main(argv) == 0
     out = capsys.readouterr().out
     assert "seed 0: expert 1.00" in out and "mean gain of RL over the SFT plateau" in out
+    assert "GRPO by iteration" in out and "groups_with_outcome_difference" in out and "rounds" in out
 
 
 def test_agentgym_options_are_checked_before_any_work(bench, capsys, tmp_path):
