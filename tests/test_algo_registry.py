@@ -246,9 +246,9 @@ def test_unknown_names_list_the_valid_ones():
         TrainConfig(model="m", algo="dpo")
     with pytest.raises(ConfigError, match="unknown advantage 'mc'; valid: .*gae.*gigpo.*rloo"):
         TrainConfig(model="m", advantage="mc")
-    from trajlake.train.config import ALGOS as config_algos
+    from trajlake.train.config_checks import registries
 
-    assert list(config_algos) == ["grpo", "ppo", "sft"] and config_algos is ALGOS
+    assert list(registries().ALGOS) == ["grpo", "ppo", "sft"] and registries().ALGOS is ALGOS
 
 
 def test_unregister_takes_the_entry_and_its_aliases():

@@ -45,6 +45,7 @@ def lake_dir(tmp_path_factory):
     (["--lake", "lake", "snapshots"], ()),
     (["--lake", "lake", "sql", "SELECT 1 AS a", "-f", "json"], ("polars", "pyarrow", "numpy")),  # a frame's output
     (["--lake", "lake", "tables"], ()),  # the table list is the catalog's
+    (["train", "--help"], ("pyarrow", "numpy")),  # TrainConfig's fields, not the trainer (the run ledger's schemas)
 ], ids=lambda v: " ".join(v) if isinstance(v, list) else None)
 def test_a_light_command_imports_nothing_heavy(argv, allowed, lake_dir):
     code, heavy = imported(argv, lake_dir)
@@ -89,3 +90,20 @@ def test_rows_print_as_the_frame_of_the_same_query_prints(lake_dir):
     assert display.plain_text(rows) == display.plain_text(frame)
     assert display.markdown_text(rows) == display.markdown_text(frame)
     assert rows.types == tuple(display._type_name(t) for t in frame.dtypes)  # the table's header line
+
+
+def test_a_train_refused_by_its_runs_lease_imports_neither_torch_nor_deepspeed(lake_dir):
+    """A second `trajlake train` on a run id a live process holds is refused before the trainer loads: here the
+    holder is this test's own process."""
+    from trajlake.store import lease
+
+    config = lake_dir / "held.toml"
+    config.write_text('algo = "grpo"\nmodel = "m"\nrun_id = "held"\n')
+    with Lake.open(str(lake_dir / "lake")) as lake:
+        lease.acquire(lake, "held", "train")
+    try:
+        code, heavy = imported(["--lake", "lake", "train", "--config", str(config)], lake_dir)
+    finally:
+        with Lake.open(str(lake_dir / "lake")) as lake:
+            lease.release_any(lake, "held")
+    assert code == 1 and not {"torch", "deepspeed", "transformers"} & set(heavy), heavy

@@ -30,14 +30,13 @@ from trajlake.core.errors import TrajlakeError
 from trajlake.core.text_files import read_text_file
 from trajlake.store.runs import differences
 from trajlake.train.config_checks import (  # noqa: F401  (the constants are this module's API too)
-    ALGOS,
-    DEFAULT_ADVANTAGE,
     DTYPES,
     MAX_COUNT,
     ConfigError,
     check_numbers,
     check_train_config,
     group_filter_of,
+    registries,
 )
 
 #: the train configs the package ships (the recipes' and the docs')
@@ -289,7 +288,7 @@ class TrainConfig(RolloutConfig):
     @property
     def advantage_name(self) -> str:
         """The advantage estimator used (the algo's registered default when `advantage` is None)."""
-        return self.advantage or ALGOS[self.algo].default_advantage
+        return self.advantage or registries().ALGOS[self.algo].default_advantage
 
     def turns_at(self, iteration: int) -> int:
         """The turn cap of iteration `iteration`'s (from 0) rollouts under the horizon curriculum."""
@@ -330,6 +329,8 @@ class TrainConfig(RolloutConfig):
         an edited spec file at the same path is a different run and a copy at another path is the same. A field
         the stored config lacks (a lake from before it existed) is not compared, except those declared
         `added_later` (ADDED_FIELDS): compared with the value that run played by."""
+        reg = registries()
+
         def adjust(name: str, old: Any, new: Any) -> tuple[Any, Any] | None:
             if name == "model" and start_policy and stored.get("start_policy"):
                 if stored["start_policy"] == start_policy:
@@ -340,10 +341,10 @@ class TrainConfig(RolloutConfig):
                     return None
                 return f"{old} (spec {stored['reward_spec_id']})", f"{new} (spec {spec_id})"
             if name == "advantage":  # None is the algo's default: compare the estimators actually used
-                return old or DEFAULT_ADVANTAGE.get(stored.get("algo", self.algo), old), self.advantage_name
+                return old or reg.DEFAULT_ADVANTAGE.get(stored.get("algo", self.algo), old), self.advantage_name
             if name == "group_filter":  # likewise (a run stored before the filter existed kept every group)
                 algo = stored.get("algo", self.algo)
-                used = old or (group_filter_of(algo, stored.get("advantage"), old) if algo in ALGOS else old)
+                used = old or (group_filter_of(algo, stored.get("advantage"), old) if algo in reg.ALGOS else old)
                 return used, self.group_filter_name
             return old, new
 
@@ -410,5 +411,5 @@ def load_config(path: str | Path, **overrides: Any) -> TrainConfig:
     return config_from_dict(data, str(path))
 
 
-__all__ = ["TrainConfig", "CONFIGS_DIR", "ConfigError", "load_config", "config_from_dict", "ALGOS", "RUN_FIELDS",
+__all__ = ["TrainConfig", "CONFIGS_DIR", "ConfigError", "load_config", "config_from_dict", "RUN_FIELDS",
            "RESUMABLE_FIELDS", "ADDED_FIELDS", "horizon"]

@@ -9,24 +9,13 @@ micro_batch = 0 was a ZeroDivisionError). Every message names the field and says
 
 from __future__ import annotations
 
+import functools
 import math
+from types import SimpleNamespace
 from typing import Any
 
 from trajlake.core.errors import TrajlakeError
 from trajlake.core.ids import InvalidIdError, check_id
-from trajlake.train.algos import (
-    ADVANTAGES,
-    AGG_MODES,
-    GROUP_FILTERS,
-    KL_CONTROLLERS,
-    KL_ESTIMATORS,
-    KL_PLACEMENTS,
-    OLD_LOGPROB_SOURCES,
-    POLICY_LOSSES,
-    VALUE_LOSSES,
-)
-from trajlake.train.algos.algorithms import ALGOS, DEFAULT_ADVANTAGE, RL_LOOP, SFT_LOOP, algos_accepting
-from trajlake.train.algos.turns import TURN_BASELINES
 from trajlake.train.rollout_engines import ROLLOUT_ENGINES
 from trajlake.train.trackers import TRACKERS
 
@@ -85,31 +74,52 @@ def check_numbers(c: CheckedConfig) -> None:
         raise ConfigError(f"train config: {e}") from None
 
 
-#: the fields whose value names an entry of a registry (besides advantage, whose default depends on algo)
-NAMED_ENTRIES = {"policy_loss": POLICY_LOSSES, "agg_mode": AGG_MODES, "kl_estimator": KL_ESTIMATORS,
-                 "kl_controller": KL_CONTROLLERS, "value_loss": VALUE_LOSSES, "kl_mode": KL_PLACEMENTS,
-                 "old_logprobs": OLD_LOGPROB_SOURCES, "rollout_engine": ROLLOUT_ENGINES}
+@functools.cache
+def registries() -> SimpleNamespace:
+    """The trainer's registries (train/algos), imported on first use: train.algos imports torch, which reading
+    TrainConfig's fields does not need (`train --help`, or a second `train` its run's lease refuses at once)."""
+    from trajlake.train import algos
+    from trajlake.train.algos.algorithms import DEFAULT_ADVANTAGE, algos_accepting
+    from trajlake.train.algos.turns import TURN_BASELINES
+
+    return SimpleNamespace(**{name: getattr(algos, name) for name in REGISTRY_NAMES},
+                           DEFAULT_ADVANTAGE=DEFAULT_ADVANTAGE, algos_accepting=algos_accepting,
+                           TURN_BASELINES=TURN_BASELINES)
+
+
+#: what `registries()` holds from train.algos itself
+REGISTRY_NAMES = ("ADVANTAGES", "AGG_MODES", "GROUP_FILTERS", "KL_CONTROLLERS", "KL_ESTIMATORS", "KL_PLACEMENTS",
+                  "OLD_LOGPROB_SOURCES", "POLICY_LOSSES", "VALUE_LOSSES", "ALGOS", "RL_LOOP", "SFT_LOOP")
+
+
+def named_entries() -> dict[str, Any]:
+    """The fields whose value names an entry of a registry (besides advantage, whose default depends on algo)."""
+    reg = registries()
+    return {"policy_loss": reg.POLICY_LOSSES, "agg_mode": reg.AGG_MODES, "kl_estimator": reg.KL_ESTIMATORS,
+            "kl_controller": reg.KL_CONTROLLERS, "value_loss": reg.VALUE_LOSSES, "kl_mode": reg.KL_PLACEMENTS,
+            "old_logprobs": reg.OLD_LOGPROB_SOURCES, "rollout_engine": ROLLOUT_ENGINES}
 
 
 def check_train_config(c: CheckedConfig) -> None:
     """Every rule of a TrainConfig (its field types and RolloutConfig's rules were checked before)."""
-    adv = c.advantage or DEFAULT_ADVANTAGE.get(c.algo)
+    reg = registries()
+    adv = c.advantage or reg.DEFAULT_ADVANTAGE.get(c.algo)
     for ok, message in _value_rules(c, adv):
         if not ok:
             raise ConfigError(f"train config: {message}")
     _check_entry_rules(c)
-    if c.is_cap is not None and not OLD_LOGPROB_SOURCES[c.old_logprobs].recomputed:
+    if c.is_cap is not None and not reg.OLD_LOGPROB_SOURCES[c.old_logprobs].recomputed:
         raise ConfigError(f"train config: is_cap applies with old_logprobs = recompute (with {c.old_logprobs} the "
                           "ratio is the importance weight)")
     _check_advantage(c, adv)
     _check_stored_data(c)
     _check_horizon(c)
     _check_env(c)
-    if c.turn_baseline not in TURN_BASELINES:
+    if c.turn_baseline not in reg.TURN_BASELINES:
         raise ConfigError(f"train config: unknown turn_baseline {c.turn_baseline!r}; valid: "
-                          f"{', '.join(TURN_BASELINES)}")
-    group = ADVANTAGES[adv].min_group_size  # an estimator comparing a task's samples needs two of them
-    if ALGOS[c.algo].uses_advantages and c.samples < group:
+                          f"{', '.join(reg.TURN_BASELINES)}")
+    group = reg.ADVANTAGES[adv].min_group_size  # an estimator comparing a task's samples needs two of them
+    if reg.ALGOS[c.algo].uses_advantages and c.samples < group:
         raise ConfigError(f"train config: {adv} compares the samples of a task: samples must be >= {group}, "
                           f"got {c.samples}")
     _check_group_filter(c)
@@ -119,18 +129,19 @@ def check_train_config(c: CheckedConfig) -> None:
 def _value_rules(c: CheckedConfig, adv: str | None) -> list[tuple[bool, str]]:
     """(holds, what to say when it does not) for each rule on one or two values, in the order they are checked:
     names in their registries, ranges, and the batch sizes' divisibility."""
+    reg = registries()
     from trajlake.collect.envs.base import SPLITS
 
-    algo = ALGOS.get(c.algo)
-    supervised = algo is not None and algo.loop == SFT_LOOP
+    algo = reg.ALGOS.get(c.algo)
+    supervised = algo is not None and algo.loop == reg.SFT_LOOP
     return [
-        (algo is not None, f"algo must be one of {', '.join(ALGOS.names())}, got {c.algo!r}"),
+        (algo is not None, f"algo must be one of {', '.join(reg.ALGOS.names())}, got {c.algo!r}"),
         (bool(c.model), "model is required: a model folder or policy:ID"),
         (c.dtype in DTYPES, f"dtype must be one of {', '.join(DTYPES)}, got {c.dtype!r}"),
         (c.zero_stage in (0, 1, 2, 3), f"zero_stage must be 0, 1, 2 or 3, got {c.zero_stage}"),
         *((name in registry, f"unknown {field} {name!r}; valid: {', '.join(registry.names())}")
-          for field, registry, name in [("advantage", ADVANTAGES, adv)]
-          + [(f, registry, getattr(c, f)) for f, registry in NAMED_ENTRIES.items()]),
+          for field, registry, name in [("advantage", reg.ADVANTAGES, adv)]
+          + [(f, registry, getattr(c, f)) for f, registry in named_entries().items()]),
         (c.eval_split in SPLITS, f"eval_split must be one of {', '.join(SPLITS)}, got {c.eval_split!r}"),
         (0 < c.lr <= MAX_LR, f"lr must be > 0 and at most {MAX_LR:g}, got {c.lr}"),
         (0 < c.critic_lr <= MAX_LR, f"critic_lr must be > 0 and at most {MAX_LR:g}, got {c.critic_lr}"),
@@ -178,7 +189,7 @@ def _check_dynamic_sampling(c: CheckedConfig) -> None:
 def _check_entry_rules(c: CheckedConfig) -> None:
     """Each named entry's own rules on the settings it reads (a loss's hyper-parameters, a KL controller's
     coefficients), as its registry entry declares them (`config_problem`): no entry is named here."""
-    for field, registry in NAMED_ENTRIES.items():
+    for field, registry in named_entries().items():
         problem = getattr(registry[getattr(c, field)], "config_problem", None)
         message = problem(c) if problem is not None else None
         if message:
@@ -188,19 +199,21 @@ def _check_entry_rules(c: CheckedConfig) -> None:
 def group_filter_of(algo: str, advantage: str | None, group_filter: str | None) -> str:
     """The group filter a run uses: the one given, else the algo's default for an estimator that compares a group's
     samples, and `all` for one that does not (a token-level estimator may play one sample per task)."""
+    reg = registries()
     if group_filter:
         return group_filter
-    estimator = ADVANTAGES.get(advantage or DEFAULT_ADVANTAGE.get(algo, ""))
-    return ALGOS[algo].default_group_filter if estimator is not None and estimator.group_relative else "all"
+    estimator = reg.ADVANTAGES.get(advantage or reg.DEFAULT_ADVANTAGE.get(algo, ""))
+    return reg.ALGOS[algo].default_group_filter if estimator is not None and estimator.group_relative else "all"
 
 
 def _check_group_filter(c: CheckedConfig) -> None:
     """The group filter is registered, and the run has the samples per task it compares (its entry says)."""
+    reg = registries()
     name = group_filter_of(c.algo, c.advantage, c.group_filter)
-    if name not in GROUP_FILTERS:
-        raise ConfigError(f"train config: unknown group_filter {name!r}; valid: {', '.join(GROUP_FILTERS.names())}")
-    need = GROUP_FILTERS[name].min_samples
-    if ALGOS[c.algo].uses_advantages and c.samples < need:
+    if name not in reg.GROUP_FILTERS:
+        raise ConfigError(f"train config: unknown group_filter {name!r}; valid: {', '.join(reg.GROUP_FILTERS.names())}")
+    need = reg.GROUP_FILTERS[name].min_samples
+    if reg.ALGOS[c.algo].uses_advantages and c.samples < need:
         raise ConfigError(f"train config: group_filter {name} keeps the groups whose samples' outcomes differ: "
                           f"samples must be >= {need}, got {c.samples} (or set group_filter = \"all\")")
 
@@ -208,20 +221,22 @@ def _check_group_filter(c: CheckedConfig) -> None:
 def _check_advantage(c: CheckedConfig, adv: str) -> None:
     """The estimator fits the algo, as their registry entries say: a critic for exactly the estimators that
     read one."""
-    algo, estimator = ALGOS[c.algo], ADVANTAGES[adv]
+    reg = registries()
+    algo, estimator = reg.ALGOS[c.algo], reg.ADVANTAGES[adv]
     if algo.accepts(estimator):
         return
     if algo.needs_critic:
-        critic_ones = [n for n in ADVANTAGES.names() if ADVANTAGES[n].needs_critic]
-        others = " or ".join(algos_accepting(estimator)) or "another algo"
+        critic_ones = [n for n in reg.ADVANTAGES.names() if reg.ADVANTAGES[n].needs_critic]
+        others = " or ".join(reg.algos_accepting(estimator)) or "another algo"
         raise ConfigError(f"train config: algo {c.algo} trains a critic for advantage {' or '.join(critic_ones)}, "
                           f"got advantage {adv!r}; use algo {others} for critic-free estimators")
     raise ConfigError(f"train config: advantage {adv} needs a critic: use algo "
-                      f"{' or '.join(algos_accepting(estimator)) or 'one with needs_critic'}")
+                      f"{' or '.join(reg.algos_accepting(estimator)) or 'one with needs_critic'}")
 
 
 def _check_stored_data(c: CheckedConfig) -> None:
     """train_filter's and replay's rules: RL only, one off-policy correction, their settings together."""
+    reg = registries()
     if not 0 <= c.replay_ratio < 1 or c.replay_staleness < 1:
         raise ConfigError(f"train config: replay_ratio must be in [0, 1) and replay_staleness >= 1, got "
                           f"{c.replay_ratio} and {c.replay_staleness}")
@@ -230,7 +245,7 @@ def _check_stored_data(c: CheckedConfig) -> None:
     if c.replay_ratio > 0:
         if c.train_filter is not None or _supervised(c):
             raise ConfigError("train config: replay_ratio mixes replayed rollouts into fresh ones: not with "
-                              f"train_filter (every episode is stored already) or algo {_algos_of(SFT_LOOP, 'or')}")
+                              f"train_filter (every episode is stored already) or algo {_algos_of(reg.SFT_LOOP, 'or')}")
         if not _corrects_off_policy(c):
             raise ConfigError("train config: replay_ratio trains on earlier policies' rollouts: take the ratio "
                               "against their behaviour log-probs with old_logprobs = \"behaviour\", or truncated "
@@ -244,7 +259,7 @@ def _check_stored_data(c: CheckedConfig) -> None:
                           "leave it out to collect fresh rollouts")
     if _supervised(c):
         raise ConfigError(f"train config: algo {c.algo} trains on sft_filter; train_filter is for "
-                          f"{_algos_of(RL_LOOP, 'and')}")
+                          f"{_algos_of(reg.RL_LOOP, 'and')}")
     if not _corrects_off_policy(c):
         raise ConfigError("train config: train_filter trains on rollouts other policies played: take the ratio "
                           "against their behaviour log-probs with old_logprobs = \"behaviour\", or truncated "
@@ -253,6 +268,7 @@ def _check_stored_data(c: CheckedConfig) -> None:
 
 def _check_horizon(c: CheckedConfig) -> None:
     """The horizon curriculum's rules: it starts within max_turns, and caps rollouts the run collects."""
+    reg = registries()
     if c.horizon_start == 0:
         if c.horizon_every != 1:
             raise ConfigError("train config: horizon_every paces the horizon curriculum: set horizon_start too "
@@ -262,8 +278,8 @@ def _check_horizon(c: CheckedConfig) -> None:
         raise ConfigError(f"train config: horizon_start ({c.horizon_start}) must be at most max_turns "
                           f"({c.max_turns}), the cap it grows to; lower horizon_start or raise max_turns")
     if _supervised(c) or c.train_filter is not None:
-        raise ConfigError(f"train config: horizon_start caps the turns of the rollouts {_algos_of(RL_LOOP, 'and')} "
-                          f"collect: not with algo {_algos_of(SFT_LOOP, 'or')} or train_filter (no rollouts are "
+        raise ConfigError(f"train config: horizon_start caps the turns of the rollouts {_algos_of(reg.RL_LOOP, 'and')} "
+                          f"collect: not with algo {_algos_of(reg.SFT_LOOP, 'or')} or train_filter (no rollouts are "
                           "played); leave it at 0")
 
 
@@ -277,16 +293,19 @@ def _check_env(c: CheckedConfig) -> None:
 def _corrects_off_policy(c: CheckedConfig) -> bool:
     """Whether the ratio corrects for rollouts another policy played: taken against their stored behaviour
     log-probs (a source that is not recomputed), or with truncated importance weights (is_cap)."""
-    return not OLD_LOGPROB_SOURCES[c.old_logprobs].recomputed or c.is_cap is not None
+    reg = registries()
+    return not reg.OLD_LOGPROB_SOURCES[c.old_logprobs].recomputed or c.is_cap is not None
 
 
 def _supervised(c: CheckedConfig) -> bool:
     """Whether the config's algo runs in the SFT loop (trains on stored episodes' tokens, plays no rollouts)."""
-    return ALGOS[c.algo].loop == SFT_LOOP
+    reg = registries()
+    return reg.ALGOS[c.algo].loop == reg.SFT_LOOP
 
 
 def _algos_of(loop: str, conjunction: str) -> str:
     """The names of the algos `loop` runs, for a message: "grpo and ppo", "a, b or c"."""
-    names = [n for n in ALGOS.names() if ALGOS[n].loop == loop]
+    reg = registries()
+    names = [n for n in reg.ALGOS.names() if reg.ALGOS[n].loop == loop]
     return f"{', '.join(names[:-1])} {conjunction} {names[-1]}" if len(names) > 1 else "".join(names)
 
