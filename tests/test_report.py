@@ -1,4 +1,4 @@
-"""evaluate.report.build_report: the HTML page and plots over the demo lake of tests/test_cookbook.py, an
+"""view.report.build_report: the HTML page and plots over the demo lake of tests/test_cookbook.py, an
 empty lake, the `runs` filter, and bad arguments."""
 
 from __future__ import annotations
