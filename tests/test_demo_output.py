@@ -103,7 +103,7 @@ def test_the_demo_in_a_pipe_reads_cleanly(tmp_path, tmp_path_factory):
                                             [f"GRPO (best on val, {grpo.rsplit('/', 1)[-1]})", grpo, "2"]]
     assert all(re.fullmatch(r"\d\.\d\d \[\d\.\d\d, \d\.\d\d\]", row[3]) and row[8] == "clean" for row in results)
     curve_rows = tables[("iteration", "sampled_success", "greedy_val_success", "groups_with_outcome_difference",
-                         "kl_to_start", "reward_mean", "entropy", "collect_s", "update_s")]
+                         "rounds", "kl_to_start", "reward_mean", "entropy", "collect_s", "update_s")]
     assert [row[0] for row in curve_rows] == [str(s) for s in curve["step"]]
     for body in tables.values():
         assert all(all(cell for cell in row) for row in body), body  # a folded row leaves empty cells
