@@ -54,6 +54,28 @@ def test_curriculum_plays_the_lowest_difficulty_not_mastered_first(lake):
     assert set(got[:3]) == {3, 4, 5} and set(got[3:6]) == {6, 7, 8} and set(got[6:]) == {0, 1, 2}
 
 
+def test_frontier_plays_every_uncertain_task_of_a_level_before_replaying_one(lake):
+    env = make_env("doors")
+    tasks = [t for d in (1, 2) for t in env.tasks("train", n=4, difficulty=d)]
+    ids = [t.task_id for t in tasks]
+    sql = selector_query("frontier")
+
+    def first(n: int, iteration: int) -> tuple[int, ...]:
+        return select_positions(lake, sql, "frontier", tasks, run_id=RUN, iteration=iteration, n=n, samples=2,
+                                start_policy=None)
+
+    _episodes(lake, {ids[0]: [True, False], ids[1]: [False, True]})
+    # curriculum replays the two tasks won and lost; frontier plays the two level-1 tasks never played first
+    assert set(select_positions(lake, selector_query("curriculum"), "curriculum", tasks, run_id=RUN, iteration=2,
+                                n=2, samples=2, start_policy=None)) == {0, 1}
+    assert set(first(2, iteration=2)) == {2, 3}
+    _episodes(lake, {ids[2]: [True, True], ids[3]: [False, False]}, run_id=f"{RUN}/it-2")
+    got = first(8, iteration=3)  # level 1 won 4 of 8: still current; uncertain, then always won, then never won
+    assert set(got[:2]) == {0, 1} and got[2:4] == (2, 3) and set(got[4:]) == {4, 5, 6, 7}
+    _episodes(lake, {ids[0]: [True, True, False], ids[2]: [True] * 4}, run_id=f"{RUN}/it-3")
+    assert first(1, iteration=4) == (1,)  # of the uncertain ones, the least played
+
+
 def test_the_starting_policys_episodes_count_as_history(lake):
     tasks = make_env("doors").tasks("train", n=3, difficulty=1)
     _episodes(lake, {tasks[2].task_id: [True, False]}, run_id="probe")
@@ -86,7 +108,7 @@ def test_a_query_that_could_write_or_read_outside_the_lake_is_refused(tmp_path, 
 
 def test_selector_names_and_files_are_checked(tmp_path, lake):
     with pytest.raises(TaskSelectorError,
-                       match=r"unknown task_selector 'best'; valid: curriculum, learnable, rotation"):
+                       match=r"unknown task_selector 'best'; valid: curriculum, frontier, learnable, rotation"):
         selector_query("best")
     with pytest.raises(TaskSelectorError, match=r"no such file"):
         selector_query(str(tmp_path / "missing.sql"))

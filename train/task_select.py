@@ -47,6 +47,10 @@ TASK_SELECTORS.add("learnable", TaskSelector(QUERIES_DIR / "learnable.sql",
 TASK_SELECTORS.add("curriculum", TaskSelector(QUERIES_DIR / "curriculum.sql",
                                               "the lowest difficulty not yet mastered (80% won) first, then harder "
                                               "ones; learnable's order within a level"))
+TASK_SELECTORS.add("frontier", TaskSelector(QUERIES_DIR / "frontier.sql",
+                                            "curriculum's levels; within a level the least played of the tasks "
+                                            "not always or never won first, so each is played before any is "
+                                            "replayed"))
 
 
 def is_query(name: str) -> bool:

@@ -208,27 +208,14 @@ class HFPolicy(Policy):
 
     def _generate_cached(self, requests: list[Request], params: SamplingParams) -> list[Generation]:
         store = self._store
-        # one slot per row: a key asked twice in the batch gets a throwaway slot the second time
-        keys, seen = [], set()
-        for r in requests:
-            key = r.key if r.key not in seen else ("anon", next(self._anon))
-            seen.add(key)
-            keys.append(key)
+        keys = self._row_keys(requests)
         prompts = [list(r.prompt_ids) for r in requests]
         if any(not p for p in prompts):
             raise TrajlakeError("a request has no prompt ids")
-        # columns of each row's slot kept: the longest common prefix of what it caches and its prompt, but
-        # at least one prompt token is always fed (its logits start the reply)
-        have = []
-        for key, p in zip(keys, prompts, strict=True):
-            s = store.where.get(key)
-            n = common_prefix((store.slots[s].ids, p)) if s is not None else store.claim(key, p)
-            have.append(min(n, len(p) - 1))
-            if key in store.where:
-                store.slots[store.where[key]].ids[have[-1]:] = []
+        have = self._keep_cached(keys, prompts)
         reuse, shared = self._shared_prefixes(prompts, have)
         new = [len(p) - r for p, r in zip(prompts, reuse, strict=True)]
-        b, width, steps = len(requests), max(new), params.max_new_tokens
+        width, steps = max(new), params.max_new_tokens
         lo = store.place(keys, max(r + max(width, n + steps - 1) for r, n in zip(reuse, new, strict=True)))
         rows = [store.where[key] - lo for key in keys]  # request i is row rows[i] of the batch
         for leader, members, length in shared:  # a prefix common to several rows is read once
@@ -238,21 +225,10 @@ class HFPolicy(Policy):
             for i in members:
                 store.copy(src, lo + rows[i], have[i], length)
                 store.slots[lo + rows[i]].ids = prompts[i][:length]
-        cache = self._cache_cls(store.keys[:, lo:lo + b], store.values[:, lo:lo + b])
-
-        # prefill: the new tokens, left-padded; token j of a row goes to column reuse + j, the pads after
-        # the row's last token (decoding overwrites them), so every row's last prompt token is the last input
-        ids = torch.full((b, width), self.pad_id, dtype=torch.long)
-        cols = torch.empty((b, width), dtype=torch.long)
-        ar = torch.arange(width)
-        for row, p, r, n in zip(rows, prompts, reuse, new, strict=True):
-            ids[row, width - n:] = torch.tensor(p[r:], dtype=torch.long)
-            cols[row] = r + (ar - (width - n)) % width
-        ids, cols = ids.to(self.device), cols.to(self.device)
-        logits = self._forward(cache, ids, cols, max(r + width for r in reuse))
+        cache = self._cache_cls(store.keys[:, lo:lo + len(keys)], store.values[:, lo:lo + len(keys)])
+        logits, last_cols = self._prefill_rows(cache, rows, prompts, reuse, new)
         span = max(len(p) for p in prompts)  # the last fed column + 1
-
-        tokens, logprobs = self._decode(cache, logits, cols[:, -1], span, params)
+        tokens, logprobs = self._decode(cache, logits, last_cols, span, params)
         by_row = self._generations(tokens.cpu(), logprobs.cpu())
         gens = [by_row[row] for row in rows]
         for key, row, p, g in zip(keys, rows, prompts, gens, strict=True):
@@ -261,6 +237,44 @@ class HFPolicy(Policy):
             if isinstance(key, tuple):
                 store.drop(key)
         return gens
+
+    def _row_keys(self, requests: list[Request]) -> list:
+        """One slot key per row: a key asked twice in the batch gets a throwaway key (a tuple) the second time."""
+        keys, seen = [], set()
+        for r in requests:
+            key = r.key if r.key not in seen else ("anon", next(self._anon))
+            seen.add(key)
+            keys.append(key)
+        return keys
+
+    def _keep_cached(self, keys: list, prompts: list[list[int]]) -> list[int]:
+        """How many columns of each row's slot are kept: the longest common prefix of what it caches (or a free
+        slot it claims) and its prompt, but at least one prompt token is always fed (its logits start the
+        reply). The slots forget their columns beyond that."""
+        store, have = self._store, []
+        for key, p in zip(keys, prompts, strict=True):
+            s = store.where.get(key)
+            n = common_prefix((store.slots[s].ids, p)) if s is not None else store.claim(key, p)
+            have.append(min(n, len(p) - 1))
+            if key in store.where:
+                store.slots[store.where[key]].ids[have[-1]:] = []
+        return have
+
+    def _prefill_rows(self, cache, rows: list[int], prompts: list[list[int]], reuse: list[int],
+                      new: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
+        """Feed every row's uncached prompt tokens in one forward, left-padded: token j of a row goes to column
+        reuse + j and the pads after the row's last token (decoding overwrites them), so every row's last
+        prompt token is the last input. Returns the last logits (B, V) and each row's last fed column (B,)."""
+        b, width = len(rows), max(new)
+        ids = torch.full((b, width), self.pad_id, dtype=torch.long)
+        cols = torch.empty((b, width), dtype=torch.long)
+        ar = torch.arange(width)
+        for row, p, r, n in zip(rows, prompts, reuse, new, strict=True):
+            ids[row, width - n:] = torch.tensor(p[r:], dtype=torch.long)
+            cols[row] = r + (ar - (width - n)) % width
+        ids, cols = ids.to(self.device), cols.to(self.device)
+        logits = self._forward(cache, ids, cols, max(r + width for r in reuse))
+        return logits, cols[:, -1]
 
     def _decode(self, cache, logits: torch.Tensor, pos: torch.Tensor, span: int,
                 params: SamplingParams) -> tuple[torch.Tensor, torch.Tensor]:

@@ -93,41 +93,11 @@ class KVStore:
         cached (a key without a slot gets an empty one), with at least `need_width` columns. Returns lo.
         The buffer holds at most max(len(keys), max_bytes // bytes per slot) slots: other keys that do not
         fit are evicted, least recently used first."""
-        b = len(keys)
+        self._reserve(keys, need_width)
         mine = set(keys)
-        others = sum(1 for k in self.where if k not in mine)
-        width = self.width
-        if need_width > width:  # grow geometrically: contexts grow every turn
-            width = -(-max(need_width, 2 * width) // 64) * 64
-        want = min(b + others, max(b, self.max_bytes // (width * self.col_bytes)))
-        if self.keys is None or width > self.width or len(self.slots) < want:
-            self._realloc(keys, want, width)
-        n = len(self.slots)
-        # the window that copies the fewest columns: the batch's cached columns already in it count for
-        # it, other keys' ones (to move out) against it (ties: the lowest)
-        kept = [0 if s is None or s.key is None else len(s.ids) + 1 if s.key in mine else -len(s.ids) - 1
-                for s in self.slots]
-        run = best = sum(kept[:b])
-        lo = 0
-        for start in range(1, n - b + 1):
-            run += kept[start + b - 1] - kept[start - 1]
-            if run > best:
-                best, lo = run, start
-        window = range(lo, lo + b)
-        outside_free = [t for t in range(n) if t not in window and self.free(t)]
-        for s in window:  # other keys leave the window; with no room outside, the least recently used goes
-            slot = self.slots[s]
-            if slot is None or slot.key is None or slot.key in mine:
-                continue
-            if not outside_free:
-                victim = min((t for t in range(n) if t not in window and not self.free(t)),
-                             key=lambda t: self.slots[t].used, default=s)
-                victim = victim if self.slots[victim].used < slot.used else s
-                self.drop(self.slots[victim].key)
-                if victim == s:
-                    continue
-                outside_free.append(victim)
-            self._move(s, outside_free.pop())
+        lo = self._best_window(mine, len(keys))
+        window = range(lo, lo + len(keys))
+        self._clear_window(window, mine)
         free = [s for s in window if self.free(s)]
         for key in keys:
             have = self.where.get(key)
@@ -141,6 +111,50 @@ class KVStore:
         for s in window:
             self.slots[s].used = tick
         return lo
+
+    def _reserve(self, keys: list[object], need_width: int) -> None:
+        """Reallocate when the buffer is narrower than `need_width` or has fewer slots than the batch and the
+        other keys want (within max_bytes)."""
+        mine = set(keys)
+        others = sum(1 for k in self.where if k not in mine)
+        width = self.width
+        if need_width > width:  # grow geometrically: contexts grow every turn
+            width = -(-max(need_width, 2 * width) // 64) * 64
+        want = min(len(keys) + others, max(len(keys), self.max_bytes // (width * self.col_bytes)))
+        if self.keys is None or width > self.width or len(self.slots) < want:
+            self._realloc(keys, want, width)
+
+    def _best_window(self, mine: set, b: int) -> int:
+        """The start of the `b` contiguous slots that copy the fewest columns: the batch's cached columns
+        already in it count for it, other keys' ones (to move out) against it (ties: the lowest start)."""
+        kept = [0 if s is None or s.key is None else len(s.ids) + 1 if s.key in mine else -len(s.ids) - 1
+                for s in self.slots]
+        run = best = sum(kept[:b])
+        lo = 0
+        for start in range(1, len(self.slots) - b + 1):
+            run += kept[start + b - 1] - kept[start - 1]
+            if run > best:
+                best, lo = run, start
+        return lo
+
+    def _clear_window(self, window: range, mine: set) -> None:
+        """Move other keys out of `window` to free slots outside it; with no room outside, the least recently
+        used of them and the outside keys is evicted."""
+        n = len(self.slots)
+        outside_free = [t for t in range(n) if t not in window and self.free(t)]
+        for s in window:
+            slot = self.slots[s]
+            if slot is None or slot.key is None or slot.key in mine:
+                continue
+            if not outside_free:
+                victim = min((t for t in range(n) if t not in window and not self.free(t)),
+                             key=lambda t: self.slots[t].used, default=s)
+                victim = victim if self.slots[victim].used < slot.used else s
+                self.drop(self.slots[victim].key)
+                if victim == s:
+                    continue
+                outside_free.append(victim)
+            self._move(s, outside_free.pop())
 
     def _realloc(self, keys: list[object], n_slots: int, width: int) -> None:
         """A new buffer of `n_slots` slots of `width` columns: the batch's cached keys first (the batch then
