@@ -9,8 +9,10 @@ import pytest
 
 from tests.helpers import EXPERT, TRAIN_RUN, demo_lake_uri
 from trajlake.core.errors import TrajlakeError
+from trajlake.schemas.records import Run, TrainStep
 from trajlake.store import Lake
 from trajlake.view.report import SECTIONS, build_report
+from trajlake.view.train_data import steps_query, train_ids
 
 PLOTS = ("learning", "kl", "rewards", "turns")
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
@@ -35,7 +37,8 @@ def test_report_shows_every_section_with_its_query(demo, tmp_path):
     for key, (title, _, sql, _) in SECTIONS.items():
         part = section(page, key)
         assert html.escape(title) in part
-        assert f"<pre>{html.escape(sql.strip().replace('{runs}', ''))}</pre>" in part, key
+        shown = steps_query(train_ids(demo, demo.current_snapshot())) if sql is None else sql.replace("{runs}", "")
+        assert f"<pre>{html.escape(shown.strip())}</pre>" in part, key
     for key in PLOTS:
         png = tmp_path / "report" / f"{key}.png"
         assert png.read_bytes()[:8] == PNG_MAGIC and png.stat().st_size > 1000
@@ -51,7 +54,7 @@ def test_runs_filter_restricts_train_plots_and_eval_table(demo, tmp_path):
     table = section(page, "policies")
     assert html.escape(EXPERT) not in table, "eval-expert is neither the run asked for nor its child"
     assert "<td>hf:" in table, "the train run's own eval run is shown"
-    assert html.escape(f"s.run_id IN ('{TRAIN_RUN}')") in section(page, "learning")
+    assert html.escape(f"run_id IN ('{TRAIN_RUN}')") in section(page, "learning")
     assert (tmp_path / "r" / "learning.png").stat().st_size > 0
 
     page = build_report(demo, tmp_path / "r", runs=["eval-expert"]).read_text()  # the same folder again
@@ -83,7 +86,6 @@ def test_bad_arguments(demo, tmp_path):
 
 def test_cli_report(tmp_path, capsys):
     from trajlake.cli import main
-    from trajlake.schemas import Run, TrainStep
 
     uri = str(tmp_path / "lake")  # its own lake: the module's demo lake stays open in this process
     with Lake.open(uri) as lake:
@@ -117,3 +119,25 @@ def test_plots_link_their_worst_and_best_episodes_to_the_viewer(demo, tmp_path):
             assert viewer.render(path.replace("&amp;", "&"))[0] == 200, path
     finally:
         viewer.server.server_close()
+
+
+def test_the_report_and_the_viewer_read_a_runs_curves_one_way(tmp_path):
+    """One read model: the report's curves, the viewer's train page and its sparklines read each step's metric
+    by view.train_data.metric (a number, or None for text, a bool or a missing key), and the query the report
+    shows reruns to the steps it plotted."""
+    from trajlake.view.train_data import curve_table, read_steps, read_train, sparks
+
+    metrics = [{"success_mean": 0.25, "kl": 0.5}, {"success_mean": "0.5", "kl": True}, {"kl": 1.0}]
+    with Lake.open(str(tmp_path / "lake")) as lake:
+        lake.append({"runs": [Run("r'1", "train", status="finished")],
+                     "train_steps": [TrainStep("r'1", s, None, 1, m) for s, m in enumerate(metrics, 1)]},
+                    stage="test", run_id="r'1")
+        snap = lake.current_snapshot()
+        steps = read_steps(lake, snap, ["r'1", "absent"])
+        rows = curve_table(steps, {"success_mean": "success", "kl": "kl"})
+        assert [(r["step"], r["success"], r["kl"]) for r in rows] == [(1, 0.25, 0.5), (2, None, None), (3, None, 1.0)]
+        assert read_train(lake, snap, ["r'1"])["r'1"].steps == steps["r'1"]  # the viewer's train page reads these
+        assert sparks(lake, snap)["r'1"] == ("success", [(1.0, 0.25), (2.0, None), (3.0, None)])
+        assert lake.query(steps_query(["r'1"]), snapshot=snap)["step"].to_list() == [1, 2, 3]
+        page = build_report(lake, tmp_path / "r").read_text()
+        assert html.escape(steps_query(["r'1"])) in section(page, "learning")

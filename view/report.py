@@ -30,7 +30,7 @@ from trajlake.core.errors import TrajlakeError
 from trajlake.core.sql_text import sql_list
 from trajlake.evaluate.metrics import held_out_label
 from trajlake.store import Lake
-from trajlake.view.train_data import metric_columns
+from trajlake.view.train_data import curve_table, read_steps, steps_query, train_ids
 
 # `{runs}` becomes a filter on the run ids given to build_report (nothing when every run is shown).
 # Episodes that ended in an env error (status 'error': a dead env server, not the policy) are left out of
@@ -44,16 +44,12 @@ SELECT r.kind, count(DISTINCT r.run_id) AS runs,
 FROM runs r LEFT JOIN episodes e USING (run_id)
 GROUP BY r.kind ORDER BY r.kind"""
 
-LEARNING_SQL = f"""
-SELECT s.run_id, s.step, {metric_columns({"success_mean": "success", "reward_mean": "reward",
-                                          "eval_success": "eval_success"})}
-FROM train_steps s{{runs}}
-ORDER BY s.run_id, s.step"""
-
-KL_SQL = f"""
-SELECT s.run_id, s.step, {metric_columns({"kl": "kl", "entropy": "entropy", "pg_clipfrac": "clip_fraction"})}
-FROM train_steps s{{runs}}
-ORDER BY s.run_id, s.step"""
+# The train runs' curves are the viewer's read model (view/train_data.py: read_steps, metric); the page shows the
+# query it runs (steps_query) and these metrics of each step: key -> the column plotted
+LEARNING_METRICS = {"success_mean": "success", "reward_mean": "reward", "eval_success": "eval_success"}
+KL_METRICS = {"kl": "kl", "entropy": "entropy", "pg_clipfrac": "clip_fraction"}
+#: the sections read from train runs' steps rather than by a query of their own
+CURVE_SECTIONS = {"learning": LEARNING_METRICS, "kl": KL_METRICS}
 
 REWARDS_SQL = """
 SELECT coalesce(s.name, '?') || ' (' || left(r.spec_id, 8) || ')' AS spec, r.total
@@ -96,17 +92,17 @@ SELECT c.eval_run, c.policy_id, c.env, c.split, c.tasks, c.contaminated_tasks, c
 FROM eval_contamination c JOIN runs r ON r.run_id = c.eval_run{runs}
 ORDER BY c.env, c.policy_id, c.eval_run, c.split"""
 
-#: id -> (title, what it shows, SQL, what produces its data); the order of the page.
-SECTIONS: dict[str, tuple[str, str, str, str]] = {
+#: id -> (title, what it shows, SQL (None: a curve section), what produces its data); the order of the page.
+SECTIONS: dict[str, tuple[str, str, str | None, str]] = {
     "runs": ("Runs in the store", "Runs of each kind, with their episodes (those that ended in an env error are "
              "counted apart, as env_errors, and left out of the success rate).", RUNS_SQL,
              "any run: `trajlake collect`, `trajlake import-agentgym`, `trajlake train` or `trajlake evaluate`"),
     "learning": ("Learning curves", "Per train run, over steps (policy versions): the success rate and mean "
                  "reward of each iteration's batch, and held-out eval success (markers) where it was measured.",
-                 LEARNING_SQL, "train steps with success/reward metrics, from `trajlake train` (GRPO or PPO)"),
+                 None, "train steps with success/reward metrics, from `trajlake train` (GRPO or PPO)"),
     "kl": ("KL and entropy over training", "Per train run: KL to the reference policy, mean token entropy of "
            "the policy and the share of clipped tokens, per step.",
-           KL_SQL, "train steps with kl/entropy metrics, from `trajlake train` (GRPO or PPO)"),
+           None, "train steps with kl/entropy metrics, from `trajlake train` (GRPO or PPO)"),
     "rewards": ("Reward distributions per spec", "Episode totals under each reward spec (name and id).",
                 REWARDS_SQL, "episode rewards, from `trajlake rewards --spec SPEC.toml`"),
     "turns": ("Turns per episode", "How many turns episodes took, per env (env errors left out).", TURNS_SQL,
@@ -125,8 +121,7 @@ SECTIONS: dict[str, tuple[str, str, str, str]] = {
                       CONTAMINATION_SQL, "eval runs (runs.kind = 'eval'), from `trajlake evaluate`"),
 }
 #: the sections the `runs` argument filters: the keyword their filter starts with, and the columns it checks
-FILTERED = {"learning": ("WHERE", ("s.run_id",)), "kl": ("WHERE", ("s.run_id",)),
-            "policies": ("AND", ("r.run_id", "r.parent_run_id")),
+FILTERED = {"policies": ("AND", ("r.run_id", "r.parent_run_id")),
             "contamination": ("WHERE", ("r.run_id", "r.parent_run_id"))}
 
 #: per section: the episodes at its extremes, each plot's worst and best, linked to the viewer's pages
@@ -211,9 +206,17 @@ def build_report(lake: Lake, out_dir, runs: list[str] | None = None, viewer_url:
         raise TrajlakeError(f"cannot create report folder {out}: {e.strerror or e}") from None
 
     parts = []
+    train_runs = runs or train_ids(lake, snap)
+    steps = read_steps(lake, snap, train_runs)
     for key, (title, what, sql, producer) in SECTIONS.items():
-        sql = sql.strip().replace("{runs}", _run_filter(runs, *FILTERED.get(key, ("", ()))))
-        df = lake.query(sql, snapshot=snap)
+        if key in CURVE_SECTIONS:
+            sql = steps_query(train_runs)
+            df = pl.DataFrame(curve_table(steps, CURVE_SECTIONS[key]),
+                              schema={"run_id": pl.String, "step": pl.Int64,
+                                      **dict.fromkeys(CURVE_SECTIONS[key].values(), pl.Float64)})
+        else:
+            sql = sql.strip().replace("{runs}", _run_filter(runs, *FILTERED.get(key, ("", ()))))
+            df = lake.query(sql, snapshot=snap)
         (out / f"{key}.png").unlink(missing_ok=True)  # a plot left by an earlier report into this folder
         body = RENDER[key](df, out / f"{key}.png") if df.height else None
         if body is None:

@@ -76,14 +76,25 @@ EVAL_RUNS = "e.run_id IN (SELECT unnest($1::VARCHAR[]))"
 SPARK_METRICS = (("success_mean", "success"), ("reward_mean", "reward"), ("loss", "loss"))
 
 
-def metric_columns(metrics: dict[str, str]) -> str:
-    """SELECT columns reading train_steps' metrics by key as numbers (`metrics`: key -> column name; a metric a
-    step lacks, or one that is not a number, is NULL): how the viewer and the report read a run's curves."""
-    return ", ".join(f"TRY_CAST(metrics->>'{key}' AS DOUBLE) AS {column}" for key, column in metrics.items())
+def number(v: Any) -> float | None:
+    """A metric value as a float, None where it is not a number (text, a bool, null)."""
+    if isinstance(v, bool) or not isinstance(v, int | float):
+        return None
+    return float(v)
 
 
-SPARK_SQL = (f"SELECT run_id, step, {metric_columns({k: k for k, _ in SPARK_METRICS})} "
-             "FROM train_steps ORDER BY run_id, step")
+def metric(step: dict, key: str) -> float | None:
+    """Step `step`'s metric `key` as a number (None where it lacks one): how the viewer and the report read a run's
+    curves. `response_length` is derived: agent tokens per episode."""
+    m = step["metrics"]
+    if key == "response_length":
+        tokens, eps = number(m.get("agent_tokens")), number(m.get("episodes"))
+        return tokens / eps if tokens is not None and eps else None
+    return number(m.get(key))
+
+
+#: every train step's metrics, for the run list's sparklines
+SPARK_SQL = "SELECT run_id, step, metrics::VARCHAR AS metrics FROM train_steps ORDER BY run_id, step"
 #: the longest lineage walked up from a run's start (a hand-edited cycle stops here, as the lineage views do)
 MAX_DEPTH = 64
 #: an in-training eval's run id (`trajlake train`'s: `RUN/eval-STEP`)
@@ -262,27 +273,45 @@ def train_ids(lake, snapshot: int) -> list[str]:
     return lake.query(TRAIN_IDS_SQL, snapshot=snapshot)["run_id"].to_list()
 
 
+def read_steps(lake, snapshot: int, run_ids: list[str]) -> dict[str, list[dict]]:
+    """The steps of train runs `run_ids` (TRAIN_STEPS_SQL's rows, `metrics` parsed), by run id, in step order;
+    a run without steps is absent."""
+    out: dict[str, list[dict]] = {}
+    for s in lake.query(TRAIN_STEPS_SQL, [sorted(set(run_ids))], snapshot=snapshot).to_dicts():
+        s["metrics"] = _json(s["metrics"])
+        out.setdefault(s["run_id"], []).append(s)
+    return out
+
+
+def steps_query(run_ids: list[str]) -> str:
+    """TRAIN_STEPS_SQL with `run_ids` written in, as `trajlake sql` reruns it."""
+    ids = ", ".join("'" + r.replace("'", "''") + "'" for r in sorted(set(run_ids))) or "NULL"
+    return TRAIN_STEPS_SQL.strip().replace("(SELECT unnest($1::VARCHAR[]))", f"({ids})")
+
+
+def curve_table(steps: dict[str, list[dict]], columns: dict[str, str]) -> list[dict]:
+    """One row per step of `steps` (read_steps'): run_id, step and each metric of `columns` (key -> column name)
+    as `metric` reads it."""
+    return [{"run_id": rid, "step": s["step"], **{col: metric(s, key) for key, col in columns.items()}}
+            for rid, rows in steps.items() for s in rows]
+
+
 def read_train(lake, snapshot: int, run_ids: list[str]) -> dict[str, TrainView]:
     """The TrainView of each of `run_ids` that is a train run (of kind train, or with steps), in a few queries
     over all of them."""
     ids = sorted(set(run_ids))
     q = lambda sql, params=None: lake.query(sql, params, snapshot=snapshot)  # noqa: E731
     runs = q(TRAIN_RUNS_SQL, [ids]).to_dicts()
-    steps = q(TRAIN_STEPS_SQL, [ids]).to_dicts()
+    steps = read_steps(lake, snapshot, ids)
     own_runs = {r["run_id"]: r for r in runs if r["run_id"] in ids}
-    with_steps = {s["run_id"] for s in steps}
-    views = {rid: TrainView(rid, own_runs.get(rid)) for rid in ids
-             if rid in with_steps or (own_runs.get(rid) or {}).get("kind") == "train"}
+    views = {rid: TrainView(rid, own_runs.get(rid), steps=steps.get(rid, [])) for rid in ids
+             if rid in steps or (own_runs.get(rid) or {}).get("kind") == "train"}
     if not views:
         return {}
     for r in runs:
         r["config"] = _json(r["config"])
         if r["parent_run_id"] in views and r["run_id"] != r["parent_run_id"]:
             views[r["parent_run_id"]].children.append(r)
-    for s in steps:
-        if s["run_id"] in views:
-            s["metrics"] = _json(s["metrics"])
-            views[s["run_id"]].steps.append(s)
     for r in q(TRAINED_FROM_SQL, [list(views), None]).to_dicts():
         views[r["run_id"]].sources.setdefault(r["step"], []).append((r["from_run"], int(r["episodes"])))
     policies = {p["policy_id"]: p for p in q(POLICIES_SQL).to_dicts()}
@@ -319,18 +348,19 @@ def eval_pair(lake, snapshot: int, a: str, b: str) -> list[EvalGroup]:
 
 def sparks(lake, snapshot: int) -> dict[str, tuple[str, list[tuple[float, float | None]]]]:
     """run id -> (label, [(step, value)]) of each train run's main metric (the first of SPARK_METRICS it has)."""
-    rows = lake.query(SPARK_SQL, snapshot=snapshot).to_dicts()
     by: dict[str, list[dict]] = {}
-    for r in rows:
+    for r in lake.query(SPARK_SQL, snapshot=snapshot).to_dicts():
+        r["metrics"] = _json(r["metrics"])
         by.setdefault(r["run_id"], []).append(r)
     out = {}
     for rid, rs in by.items():
         for key, label in SPARK_METRICS:
-            if any(r[key] is not None for r in rs):
-                out[rid] = (label, [(float(r["step"]), r[key]) for r in rs])
+            points = [(float(r["step"]), metric(r, key)) for r in rs]
+            if any(v is not None for _, v in points):
+                out[rid] = (label, points)
                 break
     return out
 
 
-__all__ = ["EvalGroup", "PolicyEval", "TrainView", "eval_pair", "eval_results", "lineage", "read_train", "sparks",
-           "train_fields", "train_ids", "REQUIRED", "metric_columns"]
+__all__ = ["EvalGroup", "PolicyEval", "TrainView", "curve_table", "eval_pair", "eval_results", "lineage", "metric",
+           "number", "read_steps", "read_train", "sparks", "steps_query", "train_fields", "train_ids", "REQUIRED"]

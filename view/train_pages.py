@@ -25,7 +25,7 @@ from trajlake.view.evals import (
 )
 from trajlake.view.markup import attrs, esc, link, page
 from trajlake.view.render import episode_table
-from trajlake.view.train_data import REQUIRED, TrainView
+from trajlake.view.train_data import REQUIRED, TrainView, metric, number
 
 #: the curves a train page draws first, each where its steps hold the metric: (key, title, y range to include)
 CURVES: list[tuple[str, str, tuple[float | None, float | None]]] = [
@@ -40,14 +40,6 @@ CURVES: list[tuple[str, str, tuple[float | None, float | None]]] = [
 ]
 #: step keys that are not curves (the x itself; the eval success drawn from the eval runs)
 NOT_CURVES = {"iteration", "step", "eval_success"}
-
-
-# ---- numbers ----------------------------------------------------------------------------------------------
-def _num(v: Any) -> float | None:
-    """A metric value as a float, None where it is not a number (text, a bool, null)."""
-    if isinstance(v, bool) or not isinstance(v, int | float):
-        return None
-    return float(v)
 
 
 # ---- the config ------------------------------------------------------------------------------------------
@@ -97,14 +89,6 @@ def config_block(config: dict, fields: dict[str, Any]) -> str:
 
 
 # ---- the curves --------------------------------------------------------------------------------------------
-def _metric(step: dict, key: str) -> float | None:
-    m = step["metrics"]
-    if key == "response_length":
-        tokens, eps = _num(m.get("agent_tokens")), _num(m.get("episodes"))
-        return tokens / eps if tokens is not None and eps else None
-    return _num(m.get(key))
-
-
 def eval_series(view: TrainView) -> list[Series]:
     """The eval success of the run's policies against the step, one series per env and split, each point with
     its Wilson interval; none drawn from eval runs: the steps' own `eval_success` (no interval)."""
@@ -115,7 +99,7 @@ def eval_series(view: TrainView) -> list[Series]:
             out.append(Series(group_name(g), [Point(e.x, *success(e), note=f"{e.eval_run}, {e.policy_id}")
                                                for e in pts]))
     if not out:
-        steps = [(float(s["step"]), _num(s["metrics"].get("eval_success"))) for s in view.steps]
+        steps = [(float(s["step"]), number(s["metrics"].get("eval_success"))) for s in view.steps]
         if any(v is not None for _, v in steps):
             out.append(Series("eval_success", steps))
     return out
@@ -131,13 +115,13 @@ def curves(view: TrainView) -> tuple[list[str], list[str]]:
             if series:
                 main.append(line_chart(series, title=title, y_min=lo, y_max=hi))
             continue
-        pts = [(float(s["step"]), _metric(s, key)) for s in view.steps]
+        pts = [(float(s["step"]), metric(s, key)) for s in view.steps]
         if any(v is not None for _, v in pts):
             main.append(line_chart([Series(key, pts)], title=title, y_min=lo, y_max=hi))
     shown = {k for k, _, _ in CURVES} | NOT_CURVES
     others = sorted({k for s in view.steps for k, v in s["metrics"].items()
-                     if k not in shown and _num(v) is not None}, key=str)
-    rest = [line_chart([Series(k, [(float(s["step"]), _num(s["metrics"].get(k))) for s in view.steps])], title=k)
+                     if k not in shown and number(v) is not None}, key=str)
+    rest = [line_chart([Series(k, [(float(s["step"]), number(s["metrics"].get(k))) for s in view.steps])], title=k)
             for k in others]
     return main, rest
 
