@@ -15,6 +15,7 @@ id made from the settings leaves it out at `default` (the ids made before it sta
 from __future__ import annotations
 
 import dataclasses
+import json
 import numbers
 import types
 import typing
@@ -28,6 +29,12 @@ OPERATIONAL = "operational"
 BEFORE = "before"
 
 _NAMES = {bool: "true or false", int: "an integer", float: "a number", str: "a string"}
+#: the key of a stored run config holding the defaults of the code that wrote it (`stored_defaults`), so a reader
+#: (the viewer's config table) tells what a run changed without importing that code, whose defaults may have
+#: moved since
+DEFAULTS_KEY = "config_defaults"
+#: a field's entry in `stored_defaults` when it has no default (`model`)
+REQUIRED = "(required)"
 
 
 def check_field_types(config: Any, prefix: str, error: type[TrajlakeError] = TrajlakeError) -> None:
@@ -162,3 +169,17 @@ def id_settings(config: Any, leave_out: tuple[str, ...] = ()) -> dict[str, Any]:
     values = dataclasses.asdict(config)
     return {name: values[name] for name in run_fields(type(config))
             if name not in leave_out and not (name in before and at_old_value(values[name], before[name]))}
+
+
+def stored_defaults(cls: type) -> dict[str, Any]:
+    """Each field of the dataclass `cls` -> its default as a stored config holds it (JSON: tuples as lists),
+    REQUIRED for a field without one."""
+    out: dict[str, Any] = {}
+    for f in dataclasses.fields(cls):
+        if f.default is not dataclasses.MISSING:
+            out[f.name] = json.loads(json.dumps(f.default))
+        elif f.default_factory is not dataclasses.MISSING:
+            out[f.name] = json.loads(json.dumps(f.default_factory()))
+        else:
+            out[f.name] = REQUIRED
+    return out

@@ -161,13 +161,10 @@ def test_the_module_walk_finds_the_package():
     assert not any(m.startswith(("trajlake.tests", "trajlake.bench", "trajlake.docs")) for m in modules)
 
 
-def test_the_store_imports_no_later_stage():
-    """store/ is storage: it imports from trajlake only itself, core and schemas, so never train, rewards,
-    collect or evaluate (nor the wings above them: cli, recipes, interop, lm)."""
-    offending = []
-    for path in sorted((ROOT / "store").glob("*.py")):
-        tree = ast.parse(path.read_text(encoding="utf-8"))
-        for node in ast.walk(tree):  # every import, in functions too: none may reach up
+def _every_import(folder: str):
+    """(file, line, module name) of every absolute import in `folder`'s modules, in functions too."""
+    for path in sorted((ROOT / folder).glob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
             if isinstance(node, ast.Import):
                 names = [a.name for a in node.names]
             elif isinstance(node, ast.ImportFrom) and not node.level:
@@ -175,10 +172,27 @@ def test_the_store_imports_no_later_stage():
             else:
                 continue
             for name in names:
-                parts = name.split(".")
-                if parts[0] == PACKAGE and len(parts) > 1 and parts[1] not in STORE_MAY_IMPORT:
-                    later = " (a later stage)" if parts[1] in LATER_STAGES else ""
-                    offending.append(f"store/{path.name}:{node.lineno} imports {name}{later}")
+                yield f"{folder}/{path.name}", node.lineno, name
+
+
+def test_the_store_imports_no_later_stage():
+    """store/ is storage: it imports from trajlake only itself, core and schemas, so never train, rewards,
+    collect or evaluate (nor the wings above them: cli, recipes, interop, lm)."""
+    offending = []
+    for where, line, name in _every_import("store"):  # every import, in functions too: none may reach up
+        parts = name.split(".")
+        if parts[0] == PACKAGE and len(parts) > 1 and parts[1] not in STORE_MAY_IMPORT:
+            later = " (a later stage)" if parts[1] in LATER_STAGES else ""
+            offending.append(f"{where}:{line} imports {name}{later}")
+    assert not offending, "\n".join(offending)
+
+
+def test_the_viewer_reads_runs_as_stored_data():
+    """view/ shows what the lake holds: it imports no stage that produces runs (train, collect, rewards, recipes),
+    so a run's config is read as stored (its defaults stored with it), never from today's code."""
+    offending = [f"{where}:{line} imports {name}" for where, line, name in _every_import("view")
+                 if name.split(".")[:2] in ([PACKAGE, "train"], [PACKAGE, "collect"], [PACKAGE, "rewards"],
+                                            [PACKAGE, "recipes"])]
     assert not offending, "\n".join(offending)
 
 

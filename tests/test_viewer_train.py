@@ -1,7 +1,7 @@
 """The viewer's train run pages (issue 27): over a lake with a real SFT and a real GRPO run from it (in-training
 evals before the first iteration and after each), the run list puts the train runs first with their sparklines
 and their iteration and eval runs under them; a train run's page draws its curves and eval success, lists its
-config against TrainConfig's defaults, its policies with their parents, its steps with what each trained on;
+config against the defaults stored with it, its policies with their parents, its steps with what each trained on;
 its evals compare on the same tasks; every link leads to a page; the export writes the same pages (byte for
 byte, as the per-page path renders them); and in a real browser, served and exported, the charts are there,
 the links resolve and the policy refuses nothing."""
@@ -93,12 +93,13 @@ def test_the_grpo_page_draws_its_curves_and_evals(viewer, lake):
                             "AND status IS DISTINCT FROM 'error'", [run]).row(0)
         lo, hi = wilson_interval(won, n)
         assert f"{won / n:.2f} [{lo:.2f}, {hi:.2f}] ({won} of {n})" in table.split(f'data-run="{run}"', 1)[1]
-    # config: what differs from TrainConfig's defaults first, the rest folded
+    # config: what differs from the defaults stored with the run first, the rest folded (config_defaults is no row)
     differs = text.split('<table id="config">', 1)[1].split("</table>", 1)[0]
     assert "<td>model</td><td><code>run:sft</code></td><td><code>(required)</code></td>" in differs
     assert "<td>iterations</td><td><code>2</code></td><td><code>10</code></td>" in differs
     assert '<tr class="recorded"><td>start_policy</td><td><code>sft/step-2</code>' in differs
     assert "<td>algo</td>" not in differs and "<td>algo</td>" in text.split('id="config-defaults"', 1)[1]
+    assert "config_defaults" not in text
     # policies with their parents, back to the base model
     policies = dict(re.findall(r'data-policy="([^"]*)" data-role="([^"]*)"', text))
     tiny = lake.query("SELECT parent_policy_id FROM policies WHERE policy_id = 'sft/step-1'").item()

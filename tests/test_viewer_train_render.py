@@ -1,14 +1,15 @@
 """The train pages' pure parts (view/train_pages.py, train_data.py) on hand-made rows: a train
 run's lineage (its checkpoints, the policy it started from, their ancestors, a cycle), which evals it shows and
 in what order, wins and losses per task, the evals compared side by side when there are many, and its config
-against TrainConfig's defaults."""
+against the defaults stored with it."""
 
 from __future__ import annotations
 
+from trajlake.core.config_types import DEFAULTS_KEY, REQUIRED, stored_defaults
 from trajlake.view.evals import MAX_COMPARED, compared, headline, tasks_table, versus
 from trajlake.view.pages import Links
-from trajlake.view.train_data import REQUIRED, EvalGroup, PolicyEval, _evals_of, lineage, train_fields
-from trajlake.view.train_pages import config_rows
+from trajlake.view.train_data import EvalGroup, PolicyEval, _evals_of, lineage
+from trajlake.view.train_pages import config_block, config_rows
 
 
 def pol(pid, run=None, step=None, parent=None):
@@ -73,13 +74,20 @@ def test_many_evals_compare_the_baselines_the_first_and_the_last():
     assert headline(EvalGroup("doors", "test", evals[:1])) is None
 
 
-def test_config_rows_differ_first():
-    fields = train_fields()
-    assert fields["model"] is REQUIRED and fields["lr"] == 1e-6 and fields["report_to"] == []
-    differs, recorded, same = config_rows({"lr": 1e-6, "model": "m", "report_to": ["tensorboard"],
-                                           "start_policy": "p", "tasks": 16, "iterations": 3}, fields)
+def test_config_rows_differ_from_the_defaults_stored_with_the_run():
+    """The defaults a config is compared with are those stored with it (the code that ran it), not this code's."""
+    from trajlake.train.config import TrainConfig
+
+    defaults = stored_defaults(TrainConfig)
+    assert defaults["model"] == REQUIRED and defaults["report_to"] == []
+    old = {**defaults, "lr": 2e-6}  # an earlier trajlake's default, say
+    differs, recorded, same = config_rows({"lr": 2e-6, "model": "m", "report_to": ["tensorboard"], "start_policy": "p",
+                                           "tasks": 16, "iterations": 3, DEFAULTS_KEY: old})
     assert [k for k, _, _ in differs] == ["iterations", "model", "report_to"]
     assert [k for k, _, _ in recorded] == ["start_policy"] and [k for k, _, _ in same] == ["lr", "tasks"]
+    assert config_rows({"lr": 2e-6}) is None  # a run stored before its defaults were
+    page = config_block({"lr": 2e-6, "model": "m"})
+    assert "stored before trajlake recorded its defaults" in page and "lr" in page and "differ" not in page
 
 
 def run_row(run_id, kind, episodes, success_rate, parent=None):

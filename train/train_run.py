@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from trajlake.core.clock import utc_now
+from trajlake.core.config_types import DEFAULTS_KEY, stored_defaults
 from trajlake.core.errors import TrajlakeError
 from trajlake.core.ids import path_component
 from trajlake.schemas import Run
@@ -129,7 +130,8 @@ class TrainRun:
             return
         from trajlake.train.trackers import Trackers
 
-        config = {**self.cfg.to_dict(), "start_policy": self.start_pid, **resolved}  # what `model` resolved to
+        config = {**self.cfg.to_dict(), "start_policy": self.start_pid, **resolved,  # what `model` resolved to
+                  DEFAULTS_KEY: stored_defaults(type(self.cfg))}
         if self.spec_id:
             config["reward_spec_id"] = self.spec_id  # what `reward_spec` held
         # before the first write: a tracker that cannot start (not installed) leaves the lake as it was

@@ -45,7 +45,6 @@ from trajlake.view.train_data import (
     eval_pair,
     read_train,
     sparks,
-    train_fields,
 )
 from trajlake.view.train_pages import train_evals_page, train_page, trained_page
 
@@ -208,7 +207,7 @@ class Pages:
         return self.train_from(self._train_view(run_id))
 
     def train_from(self, view) -> str:
-        return train_page(view, self.links, self.spec, train_fields())
+        return train_page(view, self.links, self.spec)
 
     def evals(self, run_id: str) -> str:
         """Train run `run_id`'s evals compared on the same tasks."""

@@ -155,27 +155,6 @@ class TrainView:
     groups: list[EvalGroup] = field(default_factory=list)
 
 
-#: a TrainConfig field with no default (`model`)
-REQUIRED = "(required)"
-
-
-@lru_cache(maxsize=1)
-def train_fields() -> dict[str, Any]:
-    """TrainConfig's fields: name -> its default as a stored config holds it (JSON: tuples as lists), REQUIRED
-    for one without. Imported on first use: the train config brings torch in."""
-    from trajlake.train.config import TrainConfig
-
-    out: dict[str, Any] = {}
-    for f in dataclasses.fields(TrainConfig):
-        if f.default is not dataclasses.MISSING:
-            out[f.name] = json.loads(json.dumps(f.default))
-        elif f.default_factory is not dataclasses.MISSING:
-            out[f.name] = json.loads(json.dumps(f.default_factory()))
-        else:
-            out[f.name] = REQUIRED
-    return out
-
-
 def _json(text: Any) -> dict:
     """A JSON column read as text: its object, {} for none or for text that is not one."""
     if isinstance(text, dict):
@@ -363,4 +342,4 @@ def sparks(lake, snapshot: int) -> dict[str, tuple[str, list[tuple[float, float 
 
 
 __all__ = ["EvalGroup", "PolicyEval", "TrainView", "curve_table", "eval_pair", "eval_results", "lineage", "metric",
-           "number", "read_steps", "read_train", "sparks", "steps_query", "train_fields", "train_ids", "REQUIRED"]
+           "number", "read_steps", "read_train", "sparks", "steps_query", "train_ids"]

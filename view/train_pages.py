@@ -3,7 +3,7 @@ access (served and exported pages call the same ones, as render's are called).
 
 A train run's page: its learning curves (one chart per metric its steps hold, x = step; eval success with its
 Wilson interval from the eval runs of its policies), its evals beside them (evals draws them), its config
-(the fields that differ from TrainConfig's defaults first), its policies with their parents and evals, and its
+(the fields that differ from the defaults stored with it first), its policies with their parents and evals, and its
 steps with what each trained on (`train_steps.episode_ids`: the runs they came from, and a page listing them).
 Every value goes through `esc`, every link through `links`.
 """
@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from trajlake.core.config_types import DEFAULTS_KEY, REQUIRED
 from trajlake.view.charts import Point, Series, line_chart
 from trajlake.view.evals import (
     evals_page,
@@ -25,7 +26,7 @@ from trajlake.view.evals import (
 )
 from trajlake.view.markup import attrs, esc, link, page
 from trajlake.view.render import episode_table
-from trajlake.view.train_data import REQUIRED, TrainView, metric, number
+from trajlake.view.train_data import TrainView, metric, number
 
 #: the curves a train page draws first, each where its steps hold the metric: (key, title, y range to include)
 CURVES: list[tuple[str, str, tuple[float | None, float | None]]] = [
@@ -47,19 +48,25 @@ NOT_CURVES = {"iteration", "step", "eval_success"}
 NO_FIELD = object()
 
 
-def config_rows(config: dict, fields: dict[str, Any]) -> tuple[list[tuple], list[tuple], list[tuple]]:
+def config_rows(config: dict) -> tuple[list[tuple], list[tuple], list[tuple]] | None:
     """A stored train config's (field, value, default) rows in three lists: the fields whose value differs from
-    TrainConfig's default (`fields`: name -> default, REQUIRED for none), the keys the run recorded that are
-    no field (its start policy, spec id...), and the fields at their default; each in name order."""
+    the default of the code that wrote it (stored under DEFAULTS_KEY: name -> default, REQUIRED for none), the keys
+    the run recorded that are no field (its start policy, spec id...), and the fields at their default; each in
+    name order. None for a run stored before its defaults were (its config then reads as recorded)."""
+    defaults = config.get(DEFAULTS_KEY)
+    if not isinstance(defaults, dict):
+        return None
     differs, recorded, same = [], [], []
     for k in sorted(config, key=str):
         v = config[k]
-        if k not in fields:
+        if k == DEFAULTS_KEY:
+            continue
+        if k not in defaults:
             recorded.append((k, v, NO_FIELD))
-        elif fields[k] is REQUIRED or v != fields[k]:
-            differs.append((k, v, fields[k]))
+        elif defaults[k] == REQUIRED or v != defaults[k]:
+            differs.append((k, v, defaults[k]))
         else:
-            same.append((k, v, fields[k]))
+            same.append((k, v, defaults[k]))
     return differs, recorded, same
 
 
@@ -67,21 +74,28 @@ def _value(v: Any) -> str:
     return v if isinstance(v, str) else json.dumps(v, sort_keys=True, default=str)
 
 
-def config_block(config: dict, fields: dict[str, Any]) -> str:
-    """The config table (config_rows' first two lists) and the fields at their default, folded."""
+def config_block(config: dict) -> str:
+    """The config table (config_rows' first two lists) and the fields at their default, folded; a config stored
+    without its defaults, every key as recorded."""
     if not config:
         return "<p class=\"muted\" id=\"config\">no config recorded</p>"
-    differs, recorded, same = config_rows(config, fields)
 
     def row(k: str, v: Any, d: Any, cls: str) -> str:
         default = "" if d is NO_FIELD else f"<code>{esc(_value(d))}</code>"
         return f"<tr{attrs(class_=cls)}><td>{esc(k)}</td><td><code>{esc(_value(v))}</code></td><td>{default}</td></tr>"
 
     head = "<tr><th>field</th><th>value</th><th>default</th></tr>"
-    body = ([row(k, v, d, "differs") for k, v, d in differs] + [row(k, v, d, "recorded") for k, v, d in recorded])
-    out = (f"<p>{len(differs)} fields differ from TrainConfig's defaults"
+    rows = config_rows(config)
+    if rows is None:
+        body = "".join(row(k, config[k], NO_FIELD, "recorded") for k in sorted(config, key=str))
+        return (f"<p>{len(config)} settings recorded (a run stored before trajlake recorded its defaults beside "
+                f"them):</p><table id=\"config\">{head}{body}</table>")
+    differs, recorded, same = rows
+    body = "".join([row(k, v, d, "differs") for k, v, d in differs]
+                   + [row(k, v, d, "recorded") for k, v, d in recorded])
+    out = (f"<p>{len(differs)} fields differ from the defaults of the trajlake that ran it"
            + (f"; {len(recorded)} more recorded by the run" if recorded else "") + ":</p>"
-           f"<table id=\"config\">{head}{''.join(body)}</table>")
+           f"<table id=\"config\">{head}{body}</table>")
     if same:
         out += (f"<details><summary>the {len(same)} fields at their default</summary><table id=\"config-defaults\">"
                 f"{head}{''.join(row(k, v, d, 'default') for k, v, d in same)}</table></details>")
@@ -159,8 +173,8 @@ def _steps_table(view: TrainView, links, spec: str | None, depth: int) -> str:
     return f"<table id=\"steps\"><tr>{head}</tr>{''.join(rows)}</table>"
 
 
-def train_page(view: TrainView, links, spec: str | None, fields: dict[str, Any]) -> str:
-    """Train run `view.run_id`'s page (the module docstring); `fields`: TrainConfig's defaults (config_rows)."""
+def train_page(view: TrainView, links, spec: str | None) -> str:
+    """Train run `view.run_id`'s page (the module docstring)."""
     depth = 1 if links.static else 0
     run = view.run or {}
     config = run.get("config") or {}
@@ -185,7 +199,7 @@ def train_page(view: TrainView, links, spec: str | None, fields: dict[str, Any])
     body.append(f"<div class=\"panes\"><div id=\"curves\"><h2>Learning curves</h2>{charts}</div>"
                 f"<div id=\"evals\"><h2>Evals</h2>{evals}<p>"
                 f"{link(links.evals(view.run_id, spec, depth), 'compare them task by task')}</p></div></div>")
-    body.append("<h2>Config</h2>" + config_block(config, fields))
+    body.append("<h2>Config</h2>" + config_block(config))
     body.append("<h2>Policies</h2>" + _policies_table(view, links, spec, depth))
     body.append("<h2>Steps</h2>" + _steps_table(view, links, spec, depth))
     if view.children:
