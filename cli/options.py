@@ -3,8 +3,8 @@ its config class) however many commands take it:
 
 - `rollout_options`: RolloutConfig's fields as `--kebab-case` options of `collect` and `evaluate`, with the
   field's default and its docstring as the help;
-- `override_options`: every TrainConfig field (train/overrides.py) as an option of `train`, each None unless
-  given (the config file's value stands).
+- `override_options`: every TrainConfig field (train/overrides.py) as an option of `train` by its dotted and
+  its flat name, listed under its section, each None unless given (the config file's value stands).
 
 Both splice the options into a typer command's signature and hand the command their values as one dict.
 """
@@ -24,7 +24,7 @@ from trajlake.collect.config import ROLLOUT_FIELDS
 from trajlake.core.config_types import field_docs
 from trajlake.train.overrides import Override, given_overrides, option_name, override_specs
 
-#: the help panel `train --help` lists the overrides under
+#: the help panels `train --help` lists the overrides under, one a section: "Config overrides: kl"
 OVERRIDES_PANEL = "Config overrides"
 
 
@@ -51,8 +51,9 @@ def override_options() -> Callable[[Callable], Callable]:
 
     def option(o: Override) -> inspect.Parameter:
         annotation = (list[o.type] if o.repeated else o.type) | None
-        flag = f"{o.option}/--no-{o.option[2:]}" if o.type is bool else o.option
-        opt = typer.Option(None, flag, help=o.help, show_default=False, rich_help_panel=OVERRIDES_PANEL)
+        flags = [f"{name}/--no-{name[2:]}" if o.type is bool else name for name in (o.dotted, o.option)]
+        opt = typer.Option(None, *flags, help=o.help, show_default=False,
+                           rich_help_panel=f"{OVERRIDES_PANEL}: {o.section}")
         return inspect.Parameter(o.field, inspect.Parameter.KEYWORD_ONLY, default=opt, annotation=annotation)
 
     return _spliced([option(o) for o in override_specs()], into="overrides", finish=given_overrides)

@@ -68,10 +68,11 @@ def refuse_a_held_run(config: Path, overrides: dict) -> None:
     from trajlake.core.ids import check_id
     from trajlake.core.text_files import read_text_file
     from trajlake.store.lease import RunLeasedError, check
+    from trajlake.train.config_sections import flatten
 
     try:
-        run_id = check_id(overrides.get("run_id") or tomllib.loads(read_text_file(config, "train config"))
-                          .get("run_id"))
+        stored = flatten(tomllib.loads(read_text_file(config, "train config")), str(config), TrajlakeError)
+        run_id = check_id(overrides.get("run_id") or stored.get("run_id"))
         if run_id is None:
             return  # a new run id is generated: no other process can hold it
         with open_lake(read_only=True) as lake:

@@ -2,6 +2,7 @@
 for both `trajlake train` and `python -m trajlake.train`, and `train` made only when it is asked for."""
 
 import dataclasses
+import re
 import subprocess
 import sys
 
@@ -16,7 +17,8 @@ from trajlake.core.config_types import field_docs
 from trajlake.evaluate.config import EvalConfig
 from trajlake.train.__main__ import parser
 from trajlake.train.config import TrainConfig
-from trajlake.train.overrides import given_overrides, option_name, override_fields, override_specs
+from trajlake.train.config_sections import SECTIONS
+from trajlake.train.overrides import dotted_option, given_overrides, option_name, override_fields, override_specs
 
 
 def test_every_command_is_listed_in_the_pipeline_order():
@@ -33,18 +35,19 @@ def test_train_options_are_the_overrides_with_the_field_docs_as_help():
     fields = override_fields()
     assert set(fields) == {f.name for f in dataclasses.fields(TrainConfig)}  # every field, each with its doc
     for field in fields:
-        assert option_name(field) in out, field
+        assert option_name(field) in out and dotted_option(field) in out, field
         assert docs[field] in text, field  # the field's docstring is the option's help, whole
-    assert "Config overrides" in out
+    panels = re.findall(r"Config overrides: (\w+)", out)  # one panel a section, in SECTIONS' order
+    assert panels == list(SECTIONS)
 
 
 def test_python_m_train_takes_the_same_overrides_typed_by_the_fields():
     options = override_specs()
     p = parser(options)
-    assert [o.field for o in options] == list(override_fields())
-    args = p.parse_args(["--config", "c.toml", "--iterations", "3", "--train-snapshot", "7", "--report-to",
-                         "tensorboard", "--report-to", "wandb", "--run-id", "r1", "--no-rotate-tasks",
-                         "--save-optimizer", "--kl-coef", "0.01", "--min-outcome-groups", "2"])
+    assert sorted(o.field for o in options) == sorted(override_fields())
+    args = p.parse_args(["--config", "c.toml", "--iterations", "3", "--data.train-snapshot", "7", "--report-to",
+                         "tensorboard", "--run.report-to", "wandb", "--run.id", "r1", "--no-rotate-tasks",
+                         "--checkpoint.save-optimizer", "--kl.coef", "0.01", "--min-outcome-groups", "2"])
     got = given_overrides({o.field: getattr(args, o.field) for o in options})
     assert got == {"iterations": 3, "train_snapshot": 7, "report_to": ["tensorboard", "wandb"], "run_id": "r1",
                    "rotate_tasks": False, "save_optimizer": True, "kl_coef": 0.01, "min_outcome_groups": 2}

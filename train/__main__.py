@@ -15,16 +15,19 @@ def parser(options: list[Override]) -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m trajlake.train", description=__doc__)
     p.add_argument("--config", required=True, help="train config TOML")
     p.add_argument("--lake", default=None, help="lake URI (default: $TRAJLAKE_LAKE or ./lake)")
-    overrides = p.add_argument_group("config overrides", "each replaces that field of the config")
+    groups = {}
     for o in options:
+        if o.section not in groups:
+            groups[o.section] = p.add_argument_group(f"config overrides: {o.section}",
+                                                     "each replaces that field of the config")
         # argparse formats help with %: a literal one (a LIKE pattern in a field's doc) is doubled
         text = o.help.replace("%", "%%")
         if o.type is bool:
-            overrides.add_argument(o.option, dest=o.field, action=argparse.BooleanOptionalAction, default=None,
-                                   help=text)
+            groups[o.section].add_argument(o.dotted, o.option, dest=o.field, action=argparse.BooleanOptionalAction,
+                                           default=None, help=text)
         else:
-            overrides.add_argument(o.option, dest=o.field, type=o.type, default=None, help=text,
-                                   action="append" if o.repeated else "store")
+            groups[o.section].add_argument(o.dotted, o.option, dest=o.field, type=o.type, default=None, help=text,
+                                           action="append" if o.repeated else "store")
     p.add_argument("--local_rank", type=int, default=None, help=argparse.SUPPRESS)  # the deepspeed launcher's
     return p
 

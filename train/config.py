@@ -1,9 +1,10 @@
 """The train stage's configuration: one dataclass, every field documented, checked at construction.
 
-`load_config(path)` reads it from TOML (flat keys, the field names below; an unknown key is an error naming
-it). `TrainConfig(...)` raises `ConfigError` naming the field when a value has the wrong type (checked from the
-annotations), when a number is not finite or out of its range, and saying what to fix when fields disagree
-with each other (the rules: train/config_checks.py).
+`load_config(path)` reads it from TOML (the field names below at the top level, or each in its section's table,
+`[kl] coef = 0.01`: train/config_sections.py; an unknown key is an error naming it). `TrainConfig(...)` raises
+`ConfigError` naming the field when a value has the wrong type (checked from the annotations), when a number is not
+finite or out of its range, and saying what to fix when fields disagree with each other (the rules:
+train/config_checks.py).
 
 A run's settings are stored once, in its `runs.config` row; restarting the same run id resumes it only with
 the same RUN_FIELDS (see `TrainConfig.differences` and RESUMABLE_FIELDS below).
@@ -38,6 +39,7 @@ from trajlake.train.config_checks import (  # noqa: F401  (the constants are thi
     group_filter_of,
     registries,
 )
+from trajlake.train.config_sections import flatten
 
 #: the train configs the package ships (the recipes' and the docs')
 CONFIGS_DIR = Path(__file__).parent / "configs"
@@ -399,7 +401,8 @@ def config_from_dict(data: dict[str, Any], source: str = "<dict>") -> TrainConfi
 
 
 def load_config(path: str | Path, **overrides: Any) -> TrainConfig:
-    """Read a TrainConfig from a TOML file (flat keys); `overrides` (not None) replace file values."""
+    """Read a TrainConfig from a TOML file (each field at the top level or in its section's table:
+    train/config_sections.py); `overrides` (not None) replace file values."""
     path = Path(path)
     try:
         data = tomllib.loads(read_text_file(path, "train config", error=ConfigError))
@@ -407,6 +410,7 @@ def load_config(path: str | Path, **overrides: Any) -> TrainConfig:
         raise ConfigError(f"{path}: invalid TOML: {e}") from None
     except RecursionError:  # tomllib parses nested arrays and tables recursively
         raise ConfigError(f"{path}: not a train config: its values nest too deep for TOML's reader") from None
+    data = flatten(data, str(path), ConfigError)
     data.update({k: v for k, v in overrides.items() if v is not None})
     return config_from_dict(data, str(path))
 

@@ -1,8 +1,10 @@
 """Every TrainConfig field is a command-line override, declared once (as the field): `trajlake train`
-(cli/train.py) and `python -m trajlake.train` (train/__main__.py) both make one `--kebab-case` option per
-field, in declaration order, typed by the field's annotation (a bool is `--x/--no-x`, a tuple field's option
-repeats) and helped by its docstring, as TRL's HfArgumentParser does. An option given replaces the config
-file's value (`load_config(path, **values)`); one left out keeps it.
+(cli/train.py) and `python -m trajlake.train` (train/__main__.py) both make one option per field, in
+declaration order, typed by the field's annotation (a bool is `--x/--no-x`, a tuple field's option repeats) and
+helped by its docstring, as TRL's HfArgumentParser does. Each option has two spellings: the field's dotted name
+in its section (`--kl.coef`, train/config_sections.py, as verl's overrides read) and its flat name
+(`--kl-coef`). An option given replaces the config file's value (`load_config(path, **values)`); one left out
+keeps it.
 """
 
 from __future__ import annotations
@@ -11,6 +13,8 @@ import dataclasses
 import types
 import typing
 from typing import Any
+
+from trajlake.train.config_sections import SECTION_OF, SECTIONS, dotted
 
 #: the types one value on a command line parses as
 _SCALARS = (str, int, float, bool)
@@ -31,6 +35,10 @@ class Override:
     """The TrainConfig field, e.g. `run_id`."""
     option: str
     """Its option, e.g. `--run-id`."""
+    dotted: str
+    """The same option by the field's dotted name in its section, e.g. `--run.id`."""
+    section: str
+    """Its section (train/config_sections.py), e.g. `run`."""
     type: type
     """What one value parses as: str, int, float, or bool (a `--x/--no-x` flag)."""
     repeated: bool
@@ -40,23 +48,31 @@ class Override:
 
 
 def override_specs() -> list[Override]:
-    """Every TrainConfig field as an option, from its annotation and docstring."""
+    """Every TrainConfig field as an option, from its annotation and docstring, section by section (in SECTIONS'
+    order; in declaration order within one)."""
     from trajlake.core.config_types import field_docs
     from trajlake.train.config import TrainConfig  # here, not at import: the module imports torch
 
     hints = typing.get_type_hints(TrainConfig)
     docs = field_docs(TrainConfig)
     out = []
-    for name in override_fields():
+    for name in sorted(override_fields(), key=lambda f: list(SECTIONS).index(SECTION_OF[f])):
         value_type, repeated = _option_type(name, hints[name])
-        out.append(Override(field=name, option=option_name(name), type=value_type, repeated=repeated,
-                            help=docs[name]))
+        out.append(Override(field=name, option=option_name(name), dotted=dotted_option(name),
+                            section=SECTION_OF[name], type=value_type, repeated=repeated, help=docs[name]))
     return out
 
 
 def option_name(field: str) -> str:
     """The command-line option of a config field: `run_id` is `--run-id`."""
     return "--" + field.replace("_", "-")
+
+
+def dotted_option(field: str) -> str:
+    """The command-line option of a config field by its dotted name: `kl_coef` is `--kl.coef`,
+    `lr_warmup_steps` is `--optim.lr-warmup-steps`."""
+    section, short = dotted(field).split(".", 1)
+    return f"--{section}.{short.replace('_', '-')}"
 
 
 def given_overrides(values: dict[str, Any]) -> dict[str, Any]:
@@ -80,4 +96,4 @@ def _option_type(name: str, hint: Any) -> tuple[type, bool]:
     return hint, repeated
 
 
-__all__ = ["Override", "override_fields", "override_specs", "option_name", "given_overrides"]
+__all__ = ["Override", "override_fields", "override_specs", "option_name", "dotted_option", "given_overrides"]
