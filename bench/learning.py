@@ -34,9 +34,10 @@ from trajlake.core.display import console, show
 from trajlake.core.errors import TrajlakeError
 from trajlake.recipes.demo import CLI_INTS, CURVE_SQL, DemoConfig, build_model, evaluate_policies, recipe
 from trajlake.recipes.entry import stop_cleanly_on_sigterm
+from trajlake.recipes.stages import layered
 from trajlake.store import Lake
 
-#: GRPO config fields the bench sets by name besides the demo's own (DemoConfig.train_overrides)
+#: GRPO config fields the bench sets by name besides the recipe's flags (recipes/demo.py STAGE_FLAGS)
 TRAIN_FLOATS = ("kl_coef", "entropy_coef", "gamma", "clip_high")
 #: what the recipe plays an AgentGym TextCraft server with when not told otherwise: its actions are whole recipe
 #: lines (about 24 tokens). The splits are stratified by crafting depth (one distribution: docs/agentgym.md). The
@@ -46,15 +47,16 @@ TRAIN_FLOATS = ("kl_coef", "entropy_coef", "gamma", "clip_high")
 #: (3 checkpoints without gain, at most 600 steps); the rollout temperature is measured on val; GRPO evaluates
 #: on val every 2 iterations, keeps its best checkpoint there and stops below its start's interval.
 TEXTCRAFT = dict(difficulty=None, max_turns=8, max_new_tokens=32, expert_noise=0.0, demos=172, demo_offset=172,
-                 demo_samples=1, sft_steps=600, sft_every=100, sft_patience=3, iterations=10, tasks=16, samples=8,
-                 micro_batch=8, eval_tasks=100, rl_eval_every=2, temperatures=(0.3, 0.5, 0.7, 1.0),
-                 task_selector="learnable")
+                 demo_samples=1, sft_patience=3, eval_tasks=100, temperatures=(0.3, 0.5, 0.7, 1.0),
+                 sft=dict(sft_steps=600, checkpoint_every=100, micro_batch=8),
+                 grpo=dict(iterations=10, tasks=16, samples=8, micro_batch=8, eval_every=2,
+                           task_selector="learnable",
+                           # the env's own progress observations as per-turn rewards
+                           reward_spec=str(Path(__file__).resolve().parent.parent / "rewards" / "specs" /
+                                           "textcraft-progress.toml"), task_pool=172))
 #: SmolLM2-135M on TextCraft: a pretrained model's learning rates (RL at the anchors' 1e-6 for full weights; the
 #: tiny model's 2e-4 and 1e-3 are for a model trained from scratch)
-TEXTCRAFT_SMOLLM2 = dict(lr=1e-6, sft_lr=2e-5, sft_every=20, sft_steps=200, micro_batch=8)
-#: GRPO settings of the TextCraft recipe: the env's own progress observations as per-turn rewards
-TEXTCRAFT_TRAIN = {"reward_spec": str(Path(__file__).resolve().parent.parent / "rewards" / "specs" /
-                                      "textcraft-progress.toml"), "task_pool": 172}
+TEXTCRAFT_SMOLLM2 = dict(sft=dict(lr=2e-5, checkpoint_every=20, sft_steps=200), grpo=dict(lr=1e-6))
 
 
 def one_seed(cfg: DemoConfig, model: Path) -> dict:
@@ -176,6 +178,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--reward-spec", default=None, help="the spec GRPO trains on (default: the default spec)")
     p.add_argument("--train", type=train_override, action="append", default=[], metavar="KEY=VALUE",
                    help="any other GRPO config field (repeatable), e.g. horizon_start=2")
+    p.add_argument("--sft", type=train_override, action="append", default=[], metavar="KEY=VALUE",
+                   help="any SFT config field (repeatable), e.g. weight_decay=0.01")
     p.add_argument("--seeds", type=int, default=3, help="how many seeds (default 3)")
     p.add_argument("--first-seed", type=int, default=0, help="the first seed (default 0): seeds run in parallel "
                    "as processes with --first-seed 0, 1, 2 and --seeds 1, sharing --out")
@@ -189,21 +193,19 @@ def main(argv: list[str] | None = None) -> int:
     folder = Path(model) if (Path(model) / "config.json").is_file() else None
     if folder is None:
         args["model"] = model  # a name DemoConfig checks
-    overrides = {k: args.pop(k) for k in (*TRAIN_FLOATS, "reward_spec") if args[k] is not None}
-    overrides.update(args.pop("train"))
+    grpo = {k: args.pop(k) for k in (*TRAIN_FLOATS, "reward_spec") if args[k] is not None}
+    grpo.update(args.pop("train"))
+    sft = dict(args.pop("sft"))
     chosen = {k: v for k, v in args.items() if v is not None and k not in (*TRAIN_FLOATS, "reward_spec")}
-    defaults = TEXTCRAFT if args["env"] == "agentgym/textcraft" else {}
-    if defaults and model == "smollm2":
-        defaults = {**defaults, **TEXTCRAFT_SMOLLM2}
-    if args["env"] == "agentgym/textcraft":
-        overrides = {**TEXTCRAFT_TRAIN, **overrides}
+    textcraft = args["env"] == "agentgym/textcraft"
+    layers = [TEXTCRAFT, TEXTCRAFT_SMOLLM2 if model == "smollm2" else {}] if textcraft else []
     stop_cleanly_on_sigterm()  # a killed bench stops the TextCraft server it started
     try:
         if seeds < 1 or first_seed < 0:
             raise TrajlakeError(f"seeds must be >= 1 and first-seed >= 0, got {seeds} and {first_seed}")
         logs = out or Path("reports") / "learning"
         with env_server(args["env"], url, logs) as server:
-            cfg = DemoConfig(**{**defaults, **chosen, "env_url": server}, train_overrides=overrides)
+            cfg = DemoConfig(**layered(*layers, chosen, {"sft": sft, "grpo": grpo, "env_url": server}))
             run(cfg, seeds, folder, out, first_seed)
     except TrajlakeError as e:
         print(f"error: {e}", file=sys.stderr)

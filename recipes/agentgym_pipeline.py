@@ -21,13 +21,15 @@ from __future__ import annotations
 import contextlib
 import sys
 import time
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
+from typing import Any
 
 from trajlake.core.display import console, show
 from trajlake.core.errors import TrajlakeError
 from trajlake.core.paths import shared_dir
 from trajlake.recipes.entry import add_overrides, check_folders, recipe_args, recipe_parser, run_recipe
+from trajlake.recipes.stages import check_counts, layered, stage_config, train_stage
 from trajlake.store import Lake
 
 DEFAULT_DATA = shared_dir() / "data" / "agentgym" / "textcraft" / "train.parquet"
@@ -51,22 +53,6 @@ class PipelineConfig:
     $TRAJLAKE_TEXTCRAFT_SERVER) on a free port of 127.0.0.1."""
     max_context_tokens: int = 2048
     """Imported episodes longer than this are left out of SFT (the tiny model's positions end at 2048)."""
-    sft_steps: int = 60
-    """SFT optimizer steps (minibatches of `sft_batch` episodes)."""
-    sft_batch: int = 8
-    """Episodes per SFT minibatch."""
-    sft_lr: float = 1e-3
-    """SFT learning rate."""
-    iterations: int = 4
-    """GRPO iterations; each plays `tasks` new train tasks x `samples` samples on the server."""
-    tasks: int = 8
-    """Tasks per GRPO iteration."""
-    samples: int = 4
-    """Samples per task (the GRPO group)."""
-    lr: float = 1e-4
-    """GRPO learning rate."""
-    micro_batch: int = 4
-    """Sequences per forward/backward pass."""
     max_turns: int = 12
     """Turn cap per episode (the expert needs a median of 5 steps, 12 covers 93% of goals)."""
     max_new_tokens: int = 48
@@ -81,30 +67,50 @@ class PipelineConfig:
     """Seeds the SFT and GRPO runs and the evaluation sampler."""
     progress: bool = True
     """Progress bars (stderr) and per-iteration lines."""
+    sft: dict = field(default_factory=dict)
+    """TrainConfig fields over the SFT stage's config (train/configs/sft-textcraft.toml: 60 steps of 8 episodes at
+    lr 1e-3)."""
+    grpo: dict = field(default_factory=dict)
+    """TrainConfig fields over the GRPO stage's config (train/configs/grpo-textcraft.toml: 4 iterations of 8 tasks x
+    4 samples at lr 1e-4)."""
 
     @property
     def rollout(self) -> dict:
         """The rollout settings every stage shares (a policy is evaluated the way it was trained). The template
-        and system prompt are the env's defaults: ReAct replies, the preset's instructions."""
-        return dict(env=ENV, env_url=self.env_url, max_turns=self.max_turns, max_new_tokens=self.max_new_tokens)
+        and system prompt are the env's defaults: ReAct replies, the preset's instructions. The server's URL once
+        it is known (`run` starts one when none is given)."""
+        url = {"env_url": self.env_url} if self.env_url else {}  # before the server starts: the stage file's
+        return dict(env=ENV, **url, max_turns=self.max_turns, max_new_tokens=self.max_new_tokens)
 
     def __post_init__(self):
         if self.model not in PRESETS:
             raise TrajlakeError(f"agentgym pipeline: unknown model {self.model!r}; valid: {', '.join(PRESETS)}")
-        for name in ("sft_steps", "sft_batch", "iterations", "tasks", "samples", "micro_batch", "max_turns",
-                     "max_new_tokens", "eval_tasks", "max_context_tokens"):
+        for name in ("max_turns", "max_new_tokens", "eval_tasks", "max_context_tokens"):
             if getattr(self, name) < 1:
                 raise TrajlakeError(f"agentgym pipeline: {name} must be >= 1, got {getattr(self, name)}")
+        for stage, fields in STAGE_COUNTS.items():
+            check_counts(self.stage_config(stage), stage, "agentgym pipeline", fields)
         if not Path(self.data).is_file():
             raise TrajlakeError(f"agentgym pipeline: no AgentGym TextCraft trajectories at {self.data} "
                                 "(pass --data FILE: OpenManus-RL's textcraft train.parquet)")
 
+    def stage_config(self, stage: str, **recipe: Any):
+        """The TrainConfig of stage `stage` (sft or grpo): STAGE_CONFIGS' file under this config's fields for it
+        (recipes/stages.py)."""
+        return stage_config(self, stage, STAGE_CONFIGS[stage], "agentgym pipeline", **recipe)
+
+
+#: each stage's train config (train/configs/), which PipelineConfig's `sft` and `grpo` fields override
+STAGE_CONFIGS = {"sft": "sft-textcraft.toml", "grpo": "grpo-textcraft.toml"}
+#: the stage fields the recipe counts with, each >= 1
+STAGE_COUNTS = {"sft": ("sft_steps", "minibatch_size", "micro_batch"),
+                "grpo": ("iterations", "tasks", "samples", "micro_batch")}
 
 # SmolLM2 is 130x the tiny model: fewer, smaller steps at a pretrained model's learning rates.
 PRESETS = {
     "tiny": {},
-    "smollm2": dict(sft_steps=40, sft_batch=4, sft_lr=2e-5, iterations=3, tasks=6, samples=4, lr=2e-6,
-                    micro_batch=2, eval_tasks=20, prefix="agentgym-smollm2"),
+    "smollm2": dict(eval_tasks=20, prefix="agentgym-smollm2", sft=dict(sft_steps=40, minibatch_size=4, lr=2e-5),
+                    grpo=dict(iterations=3, tasks=6, samples=4, lr=2e-6), micro_batch=2),
 }
 
 
@@ -149,9 +155,9 @@ FROM train_steps WHERE run_id = ? AND step > 0 ORDER BY step
 
 
 def run(cfg: PipelineConfig) -> None:
-    # the demo's stages take any config with `rollout`, `eval_tasks`, `micro_batch`, `checkpoints`, `seed` and
-    # `progress`: the same code runs both
-    from trajlake.recipes.demo import build_model, evaluate_policies, results_table, train_stage
+    # the demo's evaluation takes any config with `rollout`, `eval_tasks`, `seed` and `progress`: the same code
+    # runs both
+    from trajlake.recipes.demo import build_model, evaluate_policies, results_table
 
     t0 = time.perf_counter()
     check_folders(cfg.lake, models=cfg.models, checkpoints=cfg.checkpoints)
@@ -165,15 +171,17 @@ def run(cfg: PipelineConfig) -> None:
         evaluate_policies(cfg, lake, [f"hf:{model}"], model)
         console.rule("4. SFT warm start on the imported episodes whose goals are not held out")
         sft_run = f"{cfg.prefix}-sft"
-        sft = train_stage(cfg, lake, "sft-textcraft.toml", run_id=sft_run, model=str(model),
-                          sft_steps=cfg.sft_steps, lr=cfg.sft_lr, minibatch_size=cfg.sft_batch,
-                          micro_batch=min(cfg.micro_batch, cfg.sft_batch),
-                          sft_filter=sft_filter(import_run, cfg.max_context_tokens))
+        stage = cfg.stage_config("sft")
+        sft = train_stage(lake, replace(stage, run_id=sft_run, model=str(model),
+                                        micro_batch=min(stage.micro_batch, stage.minibatch_size),
+                                        sft_filter=sft_filter(import_run, cfg.max_context_tokens)))
         console.print(f"run {sft.run_id}: policy {sft.policy_id}")
-        console.rule(f"5. GRPO on the real server: {cfg.iterations} iterations of collect -> score -> update")
-        grpo = train_stage(cfg, lake, "grpo-textcraft.toml", run_id=f"{cfg.prefix}-grpo", model=f"run:{sft_run}",
-                           iterations=cfg.iterations, tasks=cfg.tasks, samples=cfg.samples, lr=cfg.lr,
-                           minibatch_size=cfg.tasks * cfg.samples, micro_batch=cfg.micro_batch)
+        stage = cfg.stage_config("grpo")
+        console.rule(f"5. GRPO on the real server: {stage.iterations} iterations of collect -> score -> update")
+        # one optimizer step per iteration unless the grpo stage says otherwise
+        batch = cfg.grpo.get("minibatch_size", stage.tasks * stage.samples)
+        grpo = train_stage(lake, replace(stage, run_id=f"{cfg.prefix}-grpo", model=f"run:{sft_run}",
+                                         minibatch_size=batch))
         console.print(f"run {grpo.run_id}: policy {grpo.policy_id}")
         console.rule("6. held-out evaluation on the real server, before and after")
         stages = {"start": f"hf:{model}", "SFT on AgentGym's experts": f"policy:{sft.policy_id}",
@@ -198,7 +206,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--prefix", default=None, help="run id prefix (default agentgym)")
     args = recipe_args(parser, argv)
     chosen = {k: v for k, v in args.items() if v is not None}
-    return run_recipe(run, lambda: PipelineConfig(**{**PRESETS[args["model"]], **chosen}))
+    return run_recipe(run, lambda: PipelineConfig(**layered(PRESETS[args["model"]], chosen)))
 
 
 if __name__ == "__main__":

@@ -25,6 +25,7 @@ import sys
 import time
 from dataclasses import dataclass, field, replace
 from pathlib import Path
+from typing import Any
 
 import polars as pl
 
@@ -33,6 +34,7 @@ from trajlake.core.errors import TrajlakeError
 from trajlake.core.paths import shared_dir
 from trajlake.recipes.entry import add_overrides, check_folders, recipe_args, recipe_parser, run_recipe
 from trajlake.recipes.plateau import choose_rollout_temperature, rl_best_on_val, sft_to_plateau
+from trajlake.recipes.stages import check_counts, layered, stage_config, train_stage
 from trajlake.store import Lake
 
 DEFAULT_DATA = shared_dir() / "data" / "agentgym"
@@ -81,40 +83,13 @@ class DemoConfig:
     demo_samples: int = 1
     """Demonstrations per task (a noisy demonstrator plays each task this many times, each its own draw): more
     demonstrations on an env whose train split is small (TextCraft's 344 goals)."""
-    sft_steps: int = 600
-    """SFT optimizer steps (minibatches of 16)."""
-    sft_batch: int = 16
-    """Episodes per SFT step."""
-    sft_every: int = 100
-    """An SFT checkpoint every this many steps; each is evaluated on val, the best is the plateau."""
     sft_patience: int = 2
-    """SFT stops once this many checkpoints in a row bring no gain on val over the best (a plateau), else at
-    sft_steps (the cap; the recipe says which)."""
-    sft_lr: float = 1e-3
-    """SFT learning rate."""
-    iterations: int = 20
-    """GRPO iterations; each plays `tasks` new tasks x `samples` samples."""
-    tasks: int = 64
-    """Tasks per GRPO iteration."""
-    samples: int = 4
-    """Samples per task (the GRPO group)."""
-    lr: float = 2e-4
-    """GRPO learning rate."""
-    temperature: float = 1.0
-    """GRPO sampling temperature (without `temperatures`)."""
+    """SFT stops once this many checkpoints in a row bring no gain on val over the best (a plateau), else at the
+    SFT stage's sft_steps (the cap; the recipe says which)."""
     temperatures: tuple[float, ...] = ()
     """A sweep on val before GRPO: the SFT plateau's sampled success at each of these temperatures against its
-    greedy success; GRPO samples at the highest it survives (evaluate/temperature.py). Empty: `temperature`."""
-    rl_eval_every: int = 5
-    """GRPO evaluates greedily on val (eval_tasks tasks) every this many iterations and before the first: the RL
-    policy is its best checkpoint there, and a run falling below its start's interval stops."""
-    task_selector: str = "rotation"
-    """Which train tasks each GRPO iteration plays: rotation through the split, learnable (the tasks this run's
-    policies sometimes win first: train/queries/learnable.sql) or a .sql file (TrainConfig.task_selector)."""
-    advantage: str = "grpo"
-    """Advantage estimator (train.algos: grpo, rloo, gigpo, turn_reinforce, ...)."""
-    micro_batch: int = 32
-    """Sequences per forward/backward pass."""
+    greedy success; GRPO samples at the highest it survives (evaluate/temperature.py). Empty: the GRPO stage's
+    temperature."""
     eval_tasks: int = 100
     """Held-out test tasks each policy is evaluated on, greedily."""
     val_tasks: int | None = None
@@ -129,8 +104,13 @@ class DemoConfig:
     """Run id prefix (another prefix starts the pipeline afresh in the same lake)."""
     progress: bool = True
     """Progress bars and per-stage tables (bench/learning.py turns them off)."""
-    train_overrides: dict = field(default_factory=dict)
-    """Further GRPO config fields (e.g. kl_coef, entropy_coef, gamma), for experiments."""
+    sft: dict = field(default_factory=dict)
+    """TrainConfig fields over the SFT stage's config (SFT_CONFIG): its `sft_steps` is the cap, `checkpoint_every`
+    the steps between val evaluations, `minibatch_size` the demonstrations a step, `lr`, `micro_batch`..."""
+    grpo: dict = field(default_factory=dict)
+    """TrainConfig fields over the GRPO stage's config (GRPO_CONFIG): `iterations`, `tasks`, `samples`, `lr`,
+    `temperature` (unless `temperatures` sweeps), `task_selector`, `eval_every` (its greedy evaluations on val, the
+    RL policy being its best checkpoint there), `advantage`, `kl_coef`..."""
 
     @property
     def rollout(self) -> dict:
@@ -163,25 +143,40 @@ class DemoConfig:
             raise TrajlakeError(f"demo: {self.env} has no difficulty levels; leave difficulty unset")
         if not 0.0 <= self.expert_noise <= 1.0:
             raise TrajlakeError(f"demo: expert_noise must be between 0 and 1, got {self.expert_noise}")
-        for name in ("max_turns", "max_new_tokens", "demos", "demo_samples", "sft_steps", "sft_batch", "sft_every",
-                     "sft_patience", "iterations", "tasks", "samples", "micro_batch", "eval_tasks", "rl_eval_every"):
+        for name in ("max_turns", "max_new_tokens", "demos", "demo_samples", "sft_patience", "eval_tasks"):
             if getattr(self, name) < 1:
                 raise TrajlakeError(f"demo: {name} must be >= 1, got {getattr(self, name)}")
         if self.val_tasks is not None and self.val_tasks < 1:
             raise TrajlakeError(f"demo: val_tasks must be >= 1 (or unset: eval_tasks), got {self.val_tasks}")
         if self.demo_offset < 0:
             raise TrajlakeError(f"demo: demo_offset must be >= 0, got {self.demo_offset}")
-        if self.sft_every > self.sft_steps:
-            raise TrajlakeError(f"demo: sft_every ({self.sft_every}) must be <= sft_steps ({self.sft_steps})")
+        for stage, fields in STAGE_COUNTS.items():
+            check_counts(self.stage_config(stage), stage, "demo", fields)
+        sft = self.stage_config("sft")
+        if sft.checkpoint_every > sft.sft_steps:
+            raise TrajlakeError(f"demo: the sft stage's checkpoint_every ({sft.checkpoint_every}) must be <= its "
+                                f"sft_steps ({sft.sft_steps})")
+
+    def stage_config(self, stage: str, **recipe: Any):
+        """The TrainConfig of stage `stage` (sft or grpo): STAGE_CONFIGS' file under this config's fields for it
+        (recipes/stages.py)."""
+        return stage_config(self, stage, STAGE_CONFIGS[stage], "demo", **recipe)
 
 
+#: each stage's train config (train/configs/), which DemoConfig's `sft` and `grpo` fields override
+STAGE_CONFIGS = {"sft": "sft-doors-noisy.toml", "grpo": "grpo-doors-noisy.toml"}
+#: the stage fields the recipe counts with, each >= 1
+STAGE_COUNTS = {"sft": ("sft_steps", "checkpoint_every", "minibatch_size", "micro_batch"),
+                "grpo": ("iterations", "tasks", "samples", "micro_batch", "eval_every")}
 # SmolLM2 is 130x the tiny model: fewer, smaller steps at a pretrained model's learning rates (RL at the anchors'
 # 1e-6), its rollout temperature measured on val, and train tasks chosen from what it sometimes wins.
 PRESETS = {
     "tiny": {},
-    "smollm2": dict(demos=256, sft_steps=40, sft_every=5, sft_lr=2e-5, iterations=5, tasks=16, samples=4, lr=1e-6,
-                    micro_batch=8, eval_tasks=30, rl_eval_every=1, temperatures=(0.3, 0.5, 0.7, 1.0),
-                    task_selector="learnable", prefix="demo-smollm2", report=Path("reports/demo-smollm2")),
+    "smollm2": dict(demos=256, eval_tasks=30, temperatures=(0.3, 0.5, 0.7, 1.0), prefix="demo-smollm2",
+                    report=Path("reports/demo-smollm2"),
+                    sft=dict(sft_steps=40, checkpoint_every=5, lr=2e-5, micro_batch=8),
+                    grpo=dict(iterations=5, tasks=16, samples=4, lr=1e-6, micro_batch=8, eval_every=1,
+                              task_selector="learnable")),
 }
 
 
@@ -274,16 +269,6 @@ def evaluate_policies(cfg: DemoConfig, lake: Lake, policies: list[str], model: P
     return evaluate(ec, lake).summary
 
 
-def train_stage(cfg: DemoConfig, lake: Lake, config_name: str, **overrides):
-    from trajlake.train.config import CONFIGS_DIR, load_config
-    from trajlake.train.loop import train
-
-    tc = load_config(CONFIGS_DIR / config_name, **cfg.rollout, seed=cfg.seed, progress=cfg.progress,
-                     checkpoint_dir=str(cfg.checkpoints.absolute()), **overrides)
-    # the rollout settings whole, None included (load_config keeps the file's value for a None: doors' level)
-    return train(replace(tc, **cfg.rollout), lake)
-
-
 def recipe(cfg: DemoConfig, lake: Lake, model: Path) -> RecipeResult:
     """Demonstrations, SFT to its plateau, GRPO from the plateau (stages 3-6); each stage resumes if stored."""
     seconds, t = {}, time.perf_counter()
@@ -294,7 +279,8 @@ def recipe(cfg: DemoConfig, lake: Lake, model: Path) -> RecipeResult:
     evaluate_policies(cfg, lake, [f"hf:{model}"], model)
     if cfg.demos_from:  # their goals, before SFT reads the imported episodes outside them
         evaluate_policies(cfg, lake, [f"hf:{model}"], model, split="val")
-    log(f"5. SFT on the successful demonstrations, a checkpoint every {cfg.sft_every} steps, each on val")
+    log(f"5. SFT on the successful demonstrations, a checkpoint every {cfg.stage_config('sft').checkpoint_every} "
+        "steps, each on val")
     seconds["demos_s"], t = time.perf_counter() - t, time.perf_counter()
     sft = sft_to_plateau(cfg, lake, model, demonstrations_filter(cfg, demos), train_stage=train_stage,
                          evaluate_policies=evaluate_policies)
@@ -305,18 +291,17 @@ def recipe(cfg: DemoConfig, lake: Lake, model: Path) -> RecipeResult:
         show(pl.DataFrame({"sft_step": list(val), "val_success": list(val.values())}))
     console.print(f"SFT plateau: step {plateau} (the best on val); SFT stopped at step {max(val)}: {sft.reason}",
                   soft_wrap=True)
-    temperature = choose_rollout_temperature(cfg, lake, sft_policy, model)
-    log(f"6. GRPO from the SFT plateau: {cfg.iterations} iterations of collect -> score -> update -> checkpoint")
-    # one optimizer step per iteration unless train_overrides say otherwise (e.g. minibatch_size=16: RAGEN's
-    # several mini-batch steps per iteration); its curves in TensorBoard too
-    settings = dict(iterations=cfg.iterations, tasks=cfg.tasks, samples=cfg.samples, lr=cfg.lr,
-                    temperature=temperature, advantage=cfg.advantage, micro_batch=cfg.micro_batch,
-                    minibatch_size=cfg.tasks * cfg.samples, eval_every=cfg.rl_eval_every, eval_split="val",
-                    eval_tasks=cfg.val_eval_tasks, task_selector=cfg.task_selector, report_to=["tensorboard"])
-    grpo = train_stage(cfg, lake, "grpo-doors-noisy.toml", run_id=f"{cfg.prefix}-grpo", model=sft_policy,
-                       **{**settings, **cfg.train_overrides})
+    # GRPO's evaluations on val play val_tasks, and it reports to TensorBoard, unless the grpo stage says otherwise
+    stage = cfg.stage_config("grpo", eval_tasks=cfg.val_eval_tasks, report_to=["tensorboard"])
+    temperature = choose_rollout_temperature(cfg, lake, sft_policy, model, default=stage.temperature)
+    log(f"6. GRPO from the SFT plateau: {stage.iterations} iterations of collect -> score -> update -> checkpoint")
+    # one optimizer step per iteration unless the grpo stage says otherwise (e.g. minibatch_size=16: RAGEN's
+    # several mini-batch steps per iteration)
+    batch = cfg.grpo.get("minibatch_size", stage.tasks * stage.samples)
+    grpo = train_stage(lake, replace(stage, run_id=f"{cfg.prefix}-grpo", model=sft_policy, temperature=temperature,
+                                     minibatch_size=batch))
     seconds["grpo_s"] = time.perf_counter() - t
-    seconds["grpo_s_per_iteration"] = seconds["grpo_s"] / cfg.iterations
+    seconds["grpo_s_per_iteration"] = seconds["grpo_s"] / stage.iterations
     rl_policy, rl_val, choice = rl_best_on_val(lake, grpo.run_id, grpo.policy_id)
     console.print(f"GRPO policy: {choice}", soft_wrap=True)
     policies = {"start": f"hf:{model}", f"SFT plateau (step {plateau})": sft_policy,
@@ -380,7 +365,7 @@ def run(cfg: DemoConfig) -> None:
         console.print("GRPO learning curve (each iteration's sampled rollouts on train tasks, greedy val success where "
                       "evaluated, the share of groups whose samples differ in success, KL to the SFT plateau, stage "
                       f"times; from train_steps{start}):")
-        show(lake.query(CURVE_SQL, [result.grpo_run, max(1, cfg.iterations // 5)]))
+        show(lake.query(CURVE_SQL, [result.grpo_run, max(1, cfg.stage_config("grpo").iterations // 5)]))
         index = build_report(lake, cfg.report)
     console.print(f"report: {index}")
     console.print(f"the GRPO run's curves: tensorboard --logdir {cfg.checkpoints}/{cfg.prefix}-grpo/tensorboard; "
@@ -390,7 +375,8 @@ def run(cfg: DemoConfig) -> None:
     console.print(f"demo finished in {time.perf_counter() - t0:.0f} s")
 
 
-#: the DemoConfig fields the command line sets (the rest are for bench/learning.py and tests)
+#: the integer flags the command line takes: DemoConfig fields and STAGE_FLAGS (the rest are for bench/learning.py
+#: and tests)
 CLI_INTS = ("difficulty", "max_turns", "demos", "sft_steps", "sft_every", "iterations", "tasks", "samples",
             "micro_batch", "eval_tasks", "seed")
 
@@ -407,7 +393,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--prefix", default=None, help="run id prefix (default demo)")
     args = recipe_args(parser, argv)
     chosen = {k: v for k, v in args.items() if v is not None}
-    return run_recipe(run, lambda: DemoConfig(**{**PRESETS[args["model"]], **chosen}))
+    return run_recipe(run, lambda: DemoConfig(**layered(PRESETS[args["model"]], chosen)))
 
 
 if __name__ == "__main__":

@@ -41,19 +41,23 @@ def plateau_reached(val: dict[int, float], patience: int) -> int | None:
 
 
 def sft_to_plateau(cfg, lake: Lake, model: Path, sft_filter: str, *, train_stage, evaluate_policies) -> Plateau:
-    """SFT in stretches of `sft_every` steps, each checkpoint evaluated greedily on val as it is made, until
-    `sft_patience` checkpoints in a row bring no gain over the best (a plateau) or `sft_steps` is reached (the
-    cap). The run is one train run extended stretch by stretch with its optimizer state saved, so it trains as
-    one uninterrupted run would; a checkpoint already stored is not trained again."""
+    """SFT (the recipe's sft stage: `cfg.stage_config("sft")`) in stretches of its `checkpoint_every` steps, each
+    checkpoint evaluated greedily on val as it is made, until `sft_patience` checkpoints in a row bring no gain
+    over the best (a plateau) or its `sft_steps` is reached (the cap). The run is one train run extended stretch by
+    stretch with its optimizer state saved, so it trains as one uninterrupted run would; a checkpoint already
+    stored is not trained again."""
+    from dataclasses import replace
+
     sft = f"{cfg.prefix}-sft"
+    stage = cfg.stage_config("sft")
+    stage = replace(stage, run_id=sft, model=str(model), sft_filter=sft_filter, save_optimizer=True,
+                    micro_batch=min(stage.micro_batch, stage.minibatch_size))
     val: dict[int, float] = {}
-    for k in plateau_steps(cfg.sft_every, cfg.sft_steps):
+    for k in plateau_steps(stage.checkpoint_every, stage.sft_steps):
         policy = f"policy:{sft}/step-{k}"
         stored = lake.query("SELECT count(*) AS n FROM policies WHERE policy_id = ?", [f"{sft}/step-{k}"])["n"][0]
         if not stored:
-            train_stage(cfg, lake, "sft-doors-noisy.toml", run_id=sft, model=str(model), sft_steps=k,
-                        checkpoint_every=cfg.sft_every, lr=cfg.sft_lr, minibatch_size=cfg.sft_batch,
-                        micro_batch=min(cfg.micro_batch, cfg.sft_batch), sft_filter=sft_filter, save_optimizer=True)
+            train_stage(lake, replace(stage, sft_steps=k))
         summary = evaluate_policies(cfg, lake, [policy], model, split="val")
         val[k] = summary.filter(pl.col("policy") == policy)["success_rate"][0]
         best = plateau_reached(val, cfg.sft_patience)
@@ -61,14 +65,15 @@ def sft_to_plateau(cfg, lake: Lake, model: Path, sft_filter: str, *, train_stage
             return Plateau(val, best, f"val success has not improved for {cfg.sft_patience} checkpoints since "
                                       f"step {best}")
     best = max(val, key=lambda k: (val[k], -k))
-    return Plateau(val, best, f"the cap of {cfg.sft_steps} steps (val success may still be rising: raise sft_steps)")
+    return Plateau(val, best, f"the cap of {stage.sft_steps} steps (val success may still be rising: raise "
+                              "sft_steps)")
 
 
-def choose_rollout_temperature(cfg, lake: Lake, policy: str, model: Path) -> float:
-    """cfg.temperature, or with cfg.temperatures the highest of them whose sampled val success `policy` keeps
-    within greedy's interval (evaluate.temperature), its table printed."""
+def choose_rollout_temperature(cfg, lake: Lake, policy: str, model: Path, *, default: float) -> float:
+    """`default`, or with cfg.temperatures the highest of them whose sampled val success `policy` keeps within
+    greedy's interval (evaluate.temperature), its table printed."""
     if not cfg.temperatures:
-        return cfg.temperature
+        return default
     from trajlake.evaluate.config import EvalConfig
     from trajlake.evaluate.temperature import sweep_temperatures
 

@@ -16,7 +16,7 @@ def test_bad_options_stop_before_any_work(bench, capsys):
     assert bench.main(["--seeds", "0"]) == 1
     assert capsys.readouterr().err.strip() == "error: seeds must be >= 1 and first-seed >= 0, got 0 and 0"
     assert bench.main(["--iterations", "0"]) == 1
-    assert capsys.readouterr().err.strip() == "error: demo: iterations must be >= 1, got 0"
+    assert capsys.readouterr().err.strip() == "error: demo: the grpo stage's iterations must be >= 1, got 0"
     assert bench.main(["--expert-noise", "2"]) == 1
     assert "expert_noise must be between 0 and 1" in capsys.readouterr().err
 

@@ -4,12 +4,14 @@ store, the report is written, and a second run resumes (nothing is played or tra
 from __future__ import annotations
 
 import shutil
+from dataclasses import replace
 
 import pytest
 
 from tests.helpers import tiny_model_dir
 from trajlake.core.errors import TrajlakeError
-from trajlake.recipes.demo import DemoConfig, evaluate_policies, main
+from trajlake.recipes.demo import PRESETS, STAGE_CONFIGS, DemoConfig, evaluate_policies, main
+from trajlake.recipes.stages import layered
 from trajlake.store import Lake
 
 SMALL = ["--demos", "64", "--sft-steps", "4", "--sft-every", "2", "--iterations", "2", "--tasks", "4", "--samples", "2",
@@ -54,10 +56,12 @@ def test_demo_runs_every_stage_and_resumes(tmp_path, tmp_path_factory, capsys):
 def test_demo_config_errors():
     with pytest.raises(TrajlakeError, match="unknown model 'gpt'"):
         DemoConfig(model="gpt")
-    with pytest.raises(TrajlakeError, match="iterations must be >= 1"):
-        DemoConfig(iterations=0)
-    with pytest.raises(TrajlakeError, match=r"sft_every \(200\) must be <= sft_steps \(100\)"):
-        DemoConfig(sft_steps=100, sft_every=200)
+    with pytest.raises(TrajlakeError, match=r"^demo: the grpo stage's iterations must be >= 1, got 0$"):
+        DemoConfig(grpo={"iterations": 0})
+    with pytest.raises(TrajlakeError, match=r"checkpoint_every \(200\) must be <= its sft_steps \(100\)"):
+        DemoConfig(**layered({"sft_steps": 100, "sft_every": 200}))
+    with pytest.raises(TrajlakeError, match=r"^demo: the sft stage: .*sft-doors-noisy\.toml: unknown key\(s\) lrr"):
+        DemoConfig(sft={"lrr": 1e-3})
     with pytest.raises(TrajlakeError, match="expert_noise must be between 0 and 1, got 1.5"):
         DemoConfig(expert_noise=1.5)
     with pytest.raises(TrajlakeError, match="difficulty of doors must be one of 1, 2, 3, 4, got 9"):
@@ -67,6 +71,21 @@ def test_demo_config_errors():
     assert DemoConfig(env="maze", difficulty=1, expert_noise=0).expert == "scripted:maze"
     with pytest.raises(TrajlakeError, match=r"val_tasks must be >= 1 \(or unset: eval_tasks\), got 0"):
         DemoConfig(val_tasks=0)
+
+
+def test_a_recipe_holds_only_what_it_changes_of_its_stages_configs():
+    """Each stage's settings have one default, in its train config file: the demo's SFT and GRPO stages are those
+    files as they are, a preset or a flag changes only what it names, and the flags merge into the stages."""
+    from trajlake.train.config import CONFIGS_DIR, load_config
+
+    cfg = DemoConfig()
+    for stage, file in STAGE_CONFIGS.items():
+        assert cfg.stage_config(stage) == replace(load_config(CONFIGS_DIR / file, checkpoint_dir=str(
+            cfg.checkpoints.absolute()), seed=0, progress=True), **cfg.rollout)
+    smol = DemoConfig(**layered(PRESETS["smollm2"], {"iterations": 3, "micro_batch": 4}))
+    grpo, sft = smol.stage_config("grpo"), smol.stage_config("sft")
+    assert (grpo.iterations, grpo.lr, grpo.micro_batch, grpo.task_selector) == (3, 1e-6, 4, "learnable")
+    assert (sft.sft_steps, sft.lr, sft.micro_batch, sft.minibatch_size) == (40, 2e-5, 4, 16)  # the file's batch
 
 
 def test_val_tasks_sizes_the_choices_on_val_and_not_the_test(tmp_path, tmp_path_factory):
