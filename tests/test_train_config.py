@@ -36,7 +36,7 @@ def test_defaults_are_valid():
     (dict(dtype="fp16"), ["bf16"]),
     (dict(old_logprobs="replay"), ["unknown old_logprobs 'replay'; valid: behaviour, recompute"]),
     (dict(kl_mode="advantage"), ["unknown kl_mode 'advantage'; valid: loss, reward"]),
-    (dict(rollout_engine="sglang"), ["unknown rollout_engine 'sglang'; valid: transformers, vllm"]),
+    (dict(rollout_engine="sglang"), ["unknown rollout_engine 'sglang'; valid: auto, transformers, vllm"]),
     (dict(is_cap=2.0, old_logprobs="behaviour"), ["is_cap", "recompute"]),
     (dict(grad_accum=3, minibatch_size=16, micro_batch=4), ["grad_accum"]),
     (dict(temperature=0.0), ["temperature"]),

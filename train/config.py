@@ -265,10 +265,12 @@ class TrainConfig(RolloutConfig):
     """SFT: record a train_steps row every N steps."""
     progress: bool = operational(True)
     """Show a progress bar with the main metrics."""
-    rollout_engine: str = operational("transformers")
-    """What plays the rollouts and held-out evals: `transformers` (the actor itself, in this process: the CPU
-    default) or `vllm` (a vLLM engine started once, each new checkpoint loaded into it without a restart;
-    `make setup-vllm` on a CPU). With replicas > 1, each replica runs this engine."""
+    rollout_engine: str = operational("auto")
+    """What plays the rollouts and held-out evals: `transformers` (the actor itself, in this process), `vllm` (a
+    vLLM engine started once, each new checkpoint loaded into it without a restart; `make setup-vllm` on a CPU),
+    or `auto`: the faster of the two for the run at hand, by a rule from measured speeds (the model's size, the
+    tokens the run generates, whether vLLM is installed: train/rollout_engines.py), printed and recorded with the
+    run (`rollout_engine_chosen`). With replicas > 1, each replica runs the engine."""
     report_to: tuple[str, ...] = operational(())
     """Experiment trackers every train_steps row also goes to, under the peers' metric names (train/trackers.py):
     tensorboard (`<checkpoint_dir>/<run_id>/tensorboard`), wandb (online when logged in, else offline)."""

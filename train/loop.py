@@ -32,7 +32,7 @@ from trajlake.train.finite import NonFiniteError
 from trajlake.train.progress import NoSignalStreak, TrainProgress
 from trajlake.train.sources import IterationEpisodes
 from trajlake.train.sources.evaluation import eval_config, evaluate
-from trajlake.train.sources.fresh import FreshRollouts, rollout_config
+from trajlake.train.sources.fresh import FreshRollouts, choose_rollout_engine, rollout_config
 from trajlake.train.sources.stored import StoredRollouts
 from trajlake.train.steps import iteration_update, sft_update
 from trajlake.train.train_run import TrainRun, on_main
@@ -62,7 +62,7 @@ def train(config: TrainConfig, lake: Lake | None) -> RunResult:
     algo = ALGOS[c.algo]
     with r.life():  # the lease before the engines; finished, or failed with the error, once started
         engines = r.build(critic=algo.needs_critic, ref=algo.needs_reference(c))
-        kl_ctl, data = _start_rl(r, spec)
+        kl_ctl, data = _start_rl(r, engines, spec)
         result = RunResult(r.run_id, r.policy_id, r.step)
         source = StoredRollouts(r, data, spec) if data is not None else FreshRollouts(r, engines, spec)
         streak = NoSignalStreak(c.temperature)
@@ -83,7 +83,7 @@ def train(config: TrainConfig, lake: Lake | None) -> RunResult:
     return result
 
 
-def _start_rl(r: TrainRun, spec) -> tuple[Any, Any]:
+def _start_rl(r: TrainRun, engines, spec) -> tuple[Any, Any]:
     """(the KL controller, restored on a resume; the stored rollouts of train_filter, scored and pinned, else
     None), and the run's row written: the first write, every check before it only read."""
     from trajlake.train.sources.stored import stored_data
@@ -96,7 +96,10 @@ def _start_rl(r: TrainRun, spec) -> tuple[Any, Any]:
     if c.train_filter:
         pinned = r.stored.config.get("train_snapshot_read") if r.stored else None
         data = on_main(r.main, lambda: stored_data(r.lake, c, spec, pinned))
-    r.start(**({"train_snapshot_read": data.snapshot} if data else {}))  # the run's row
+    chosen = {}
+    if data is None and r.main:  # fresh rollouts: the engine they play on, recorded with the run's config
+        chosen = {"rollout_engine_chosen": choose_rollout_engine(r, engines)}
+    r.start(**({"train_snapshot_read": data.snapshot} if data else {}), **chosen)  # the run's row
     return kl_ctl, data
 
 

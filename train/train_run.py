@@ -80,6 +80,7 @@ class TrainRun:
         (self.run_id, self.start_path, self.start_pid, self.base, self.new_row, self.resume,
          self.stored) = on_main(self.main, resolve)
         self.ledger: runs.OpenRun | None = None  # rank 0, inside life()
+        self.engine = self.cfg.rollout_engine  # the engine the rollouts play on: an `auto` run's choice (fresh.py)
         self.rollout = None  # replicas > 1 or rollout_engine vllm: what the rollouts play on (rank 0)
         self.rollout_loaded: str | None = None  # the checkpoint it holds
         self.trackers = None  # report_to's trackers (rank 0, from start())

@@ -20,7 +20,7 @@ from trajlake.train.batch import EpisodeSeq, load_episodes
 from trajlake.train.config import TrainConfig
 from trajlake.train.distributed import device
 from trajlake.train.engine import Engines
-from trajlake.train.rollout_engines import ROLLOUT_ENGINES
+from trajlake.train.rollout_engines import ROLLOUT_ENGINES, EngineFacts, resolve_engine
 from trajlake.train.sources import IterationEpisodes
 from trajlake.train.sources.stored import GROUPS_SQL
 from trajlake.train.train_run import TrainRun
@@ -116,11 +116,33 @@ def selected_positions(r: TrainRun, env, cc, it: int, played: frozenset[int] = f
                             exclude=played)
 
 
+def choose_rollout_engine(r: TrainRun, engines: Engines) -> str:
+    """The engine the run's rollouts and evaluations play on (`rollout_engine`, or what `auto` chooses for it:
+    train/rollout_engines.py), kept as `r.engine` and printed with why; its name."""
+    import importlib.util
+
+    c = r.cfg
+
+    def facts() -> EngineFacts:
+        params = sum(getattr(p, "ds_numel", p.numel()) for p in engines.actor.parameters())  # ZeRO-3: partitioned
+        evals = (c.iterations // c.eval_every + 1) * c.eval_tasks if c.eval_every else 0
+        episodes = c.iterations * c.tasks * c.samples * c.sampling_rounds + evals
+        return EngineFacts(params, episodes * c.max_turns * c.max_new_tokens,
+                           importlib.util.find_spec("vllm") is not None)
+
+    r.engine, why = resolve_engine(c.rollout_engine, facts)
+    if c.progress and c.rollout_engine != r.engine:
+        from trajlake.core.display import console
+
+        console.print(f"rollout engine: {r.engine} ({c.rollout_engine}: {why})", soft_wrap=True, highlight=False)
+    return r.engine
+
+
 def _engine_policy(r: TrainRun, policy_id: str, path: str):
-    """The run's rollout policy when it is not the actor itself (replicas > 1, or rollout_engine vllm): started
+    """The run's rollout policy when it is not the actor itself (replicas > 1, or the engine vllm): started
     once, then each new checkpoint `path` loaded into it without a restart."""
     c = r.cfg
-    engine = ROLLOUT_ENGINES[c.rollout_engine]
+    engine = ROLLOUT_ENGINES[r.engine]
     if r.rollout is None:
         if c.replicas > 1:
             from trajlake.collect.policies.replicas import ReplicatedPolicy
@@ -138,7 +160,7 @@ def collect_run(r: TrainRun, engines: Engines, policy_id: str, path: str, cc) ->
     """Rank 0 plays the collect run `cc` with the actor (or its replicas) into the store; returns its run id."""
     from trajlake.collect.rollout import EnvErrorsOnly, collect
 
-    separate = r.cfg.replicas > 1 or not ROLLOUT_ENGINES[r.cfg.rollout_engine].in_process
+    separate = r.cfg.replicas > 1 or not ROLLOUT_ENGINES[r.engine].in_process
     policy = _engine_policy(r, policy_id, path) if separate else _in_memory_policy(engines, policy_id, path)
     engines.actor.eval()
     try:
