@@ -96,9 +96,8 @@ def _start_rl(r: TrainRun, engines, spec) -> tuple[Any, Any]:
     if c.train_filter:
         pinned = r.stored.config.get("train_snapshot_read") if r.stored else None
         data = on_main(r.main, lambda: stored_data(r.lake, c, spec, pinned))
-    chosen = {}
-    if data is None and r.main:  # fresh rollouts: the engine they play on, recorded with the run's config
-        chosen = {"rollout_engine_chosen": choose_rollout_engine(r, engines)}
+    # the engine its rollouts and evaluations play on, recorded with the run's config (rank 0 plays them)
+    chosen = {"rollout_engine_chosen": choose_rollout_engine(r, engines)} if r.main else {}
     r.start(**({"train_snapshot_read": data.snapshot} if data else {}), **chosen)  # the run's row
     return kl_ctl, data
 

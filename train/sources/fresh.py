@@ -126,7 +126,8 @@ def choose_rollout_engine(r: TrainRun, engines: Engines) -> str:
     def facts() -> EngineFacts:
         params = sum(getattr(p, "ds_numel", p.numel()) for p in engines.actor.parameters())  # ZeRO-3: partitioned
         evals = (c.iterations // c.eval_every + 1) * c.eval_tasks if c.eval_every else 0
-        episodes = c.iterations * c.tasks * c.samples * c.sampling_rounds + evals
+        played = 0 if c.train_filter else c.iterations * c.tasks * c.samples * c.sampling_rounds  # stored: none
+        episodes = played + evals
         return EngineFacts(params, episodes * c.max_turns * c.max_new_tokens,
                            importlib.util.find_spec("vllm") is not None)
 
