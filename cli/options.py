@@ -51,7 +51,7 @@ def override_options() -> Callable[[Callable], Callable]:
 
     def option(o: Override) -> inspect.Parameter:
         annotation = (list[o.type] if o.repeated else o.type) | None
-        flags = [f"{name}/--no-{name[2:]}" if o.type is bool else name for name in (o.dotted, o.option)]
+        flags = [f"{name}/--no-{name[2:]}" if o.type is bool else name for name in (o.option, o.dotted)]
         opt = typer.Option(None, *flags, help=o.help, show_default=False,
                            rich_help_panel=f"{OVERRIDES_PANEL}: {o.section}")
         return inspect.Parameter(o.field, inspect.Parameter.KEYWORD_ONLY, default=opt, annotation=annotation)

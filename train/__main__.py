@@ -23,10 +23,10 @@ def parser(options: list[Override]) -> argparse.ArgumentParser:
         # argparse formats help with %: a literal one (a LIKE pattern in a field's doc) is doubled
         text = o.help.replace("%", "%%")
         if o.type is bool:
-            groups[o.section].add_argument(o.dotted, o.option, dest=o.field, action=argparse.BooleanOptionalAction,
+            groups[o.section].add_argument(o.option, o.dotted, dest=o.field, action=argparse.BooleanOptionalAction,
                                            default=None, help=text)
         else:
-            groups[o.section].add_argument(o.dotted, o.option, dest=o.field, type=o.type, default=None, help=text,
+            groups[o.section].add_argument(o.option, o.dotted, dest=o.field, type=o.type, default=None, help=text,
                                            action="append" if o.repeated else "store")
     p.add_argument("--local_rank", type=int, default=None, help=argparse.SUPPRESS)  # the deepspeed launcher's
     return p
