@@ -32,7 +32,7 @@ import polars as pl
 
 from trajlake.core.display import console, show
 from trajlake.core.errors import TrajlakeError
-from trajlake.recipes.demo import CLI_INTS, CURVE_SQL, DemoConfig, build_model, evaluate_policies, recipe
+from trajlake.recipes.demo import CLI_INTS, DemoConfig, build_model, evaluate_policies, grpo_curve, recipe
 from trajlake.recipes.entry import stop_cleanly_on_sigterm
 from trajlake.recipes.stages import layered
 from trajlake.store import Lake
@@ -66,7 +66,7 @@ def one_seed(cfg: DemoConfig, model: Path) -> dict:
         console.print(f"seed {cfg.seed}: GRPO by iteration (sampled success on its train tasks, greedy val success "
                       "where evaluated, the share of groups with an outcome difference, sampling rounds, KL to the "
                       "plateau, stage times; from train_steps):", soft_wrap=True)
-        show(lake.query(CURVE_SQL, [r.grpo_run, 1]))
+        show(grpo_curve(lake, r.grpo_run))
     test = {}
     for stage, policy in r.policies.items():
         row = summary.filter((pl.col("policy") == policy) & (pl.col("difficulty") == "all")).row(0, named=True)

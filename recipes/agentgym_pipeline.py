@@ -147,17 +147,10 @@ def server_url(cfg: PipelineConfig):
         yield server.url
 
 
-CURVE_SQL = """
-SELECT step AS iteration, round((metrics->>'success_mean')::DOUBLE, 3) AS sampled_success,
-       round((metrics->>'reward_mean')::DOUBLE, 3) AS reward_mean, round((metrics->>'entropy')::DOUBLE, 3) AS entropy
-FROM train_steps WHERE run_id = ? AND step > 0 ORDER BY step
-"""
-
-
 def run(cfg: PipelineConfig) -> None:
     # the demo's evaluation takes any config with `rollout`, `eval_tasks`, `seed` and `progress`: the same code
     # runs both
-    from trajlake.recipes.demo import build_model, evaluate_policies, results_table
+    from trajlake.recipes.demo import build_model, evaluate_policies, grpo_curve, results_table
 
     t0 = time.perf_counter()
     check_folders(cfg.lake, models=cfg.models, checkpoints=cfg.checkpoints)
@@ -192,7 +185,7 @@ def run(cfg: PipelineConfig) -> None:
                       f"split, {cfg.max_turns} turns), 95% Wilson intervals")
         show(table)
         console.print("GRPO curve (sampled rollouts of each iteration on the train split, from train_steps):")
-        show(lake.query(CURVE_SQL, [grpo.run_id]))
+        show(grpo_curve(lake, grpo.run_id, metrics=("success_mean", "reward_mean", "entropy")))
     console.print(f"lake: {cfg.lake}; pipeline finished in {time.perf_counter() - t0:.0f} s")
 
 

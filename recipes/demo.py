@@ -327,19 +327,31 @@ def results_table(summary: pl.DataFrame, stages: dict[str, str]) -> pl.DataFrame
     return pl.DataFrame(rows)
 
 
-CURVE_SQL = """
-SELECT step AS iteration, round(TRY_CAST(metrics->>'success_mean' AS DOUBLE), 3) AS sampled_success,
-       coalesce(round(TRY_CAST(metrics->>'eval_success' AS DOUBLE), 3)::VARCHAR, '-') AS greedy_val_success,
-       round(TRY_CAST(metrics->>'outcome_groups' AS DOUBLE), 3) AS groups_with_outcome_difference,
-       coalesce(TRY_CAST(metrics->>'sampling_rounds' AS INTEGER), 1) AS rounds,
-       coalesce(round(TRY_CAST(metrics->>'kl' AS DOUBLE), 5)::VARCHAR, '-') AS kl_to_start,
-       round(TRY_CAST(metrics->>'reward_mean' AS DOUBLE), 3) AS reward_mean,
-       round(TRY_CAST(metrics->>'entropy' AS DOUBLE), 3) AS entropy,
-       round(TRY_CAST(metrics->>'collect_s' AS DOUBLE), 1) AS collect_s,
-       round(TRY_CAST(metrics->>'update_s' AS DOUBLE), 1) AS update_s
-FROM train_steps WHERE run_id = ? AND step > 0 AND (step % ? = 0 OR step = 1 OR (metrics->>'eval_success') IS NOT NULL)
-ORDER BY step
-"""
+#: the GRPO curve the recipes print, each step's metrics read as the viewer and the report read them
+#: (view.train_data.metric): metric -> (column, decimals, what a step without it shows)
+CURVE = {"success_mean": ("sampled_success", 3, None), "eval_success": ("greedy_val_success", 3, "-"),
+         "outcome_groups": ("groups_with_outcome_difference", 3, None), "sampling_rounds": ("rounds", 0, 1),
+         "kl": ("kl_to_start", 5, "-"), "reward_mean": ("reward_mean", 3, None), "entropy": ("entropy", 3, None),
+         "collect_s": ("collect_s", 1, None), "update_s": ("update_s", 1, None)}
+
+
+def grpo_curve(lake: Lake, run_id: str, every: int = 1, metrics: tuple[str, ...] = tuple(CURVE)) -> pl.DataFrame:
+    """GRPO run `run_id`'s iterations (every `every`-th, the first and each one evaluated) with CURVE's `metrics`,
+    from its train_steps rows."""
+    from trajlake.view.train_data import metric, read_steps
+
+    rows = []
+    for s in read_steps(lake, lake.current_snapshot(), [run_id]).get(run_id, []):
+        if s["step"] < 1 or not (s["step"] % every == 0 or s["step"] == 1 or metric(s, "eval_success") is not None):
+            continue
+        row = {"iteration": s["step"]}
+        for key in metrics:
+            column, digits, missing = CURVE[key]
+            value = metric(s, key)
+            value = missing if value is None else round(value, digits) if digits else int(value)
+            row[column] = str(value) if isinstance(missing, str) else value
+        rows.append(row)
+    return pl.DataFrame(rows)
 
 
 def run(cfg: DemoConfig) -> None:
@@ -365,7 +377,7 @@ def run(cfg: DemoConfig) -> None:
         console.print("GRPO learning curve (each iteration's sampled rollouts on train tasks, greedy val success where "
                       "evaluated, the share of groups whose samples differ in success, KL to the SFT plateau, stage "
                       f"times; from train_steps{start}):")
-        show(lake.query(CURVE_SQL, [result.grpo_run, max(1, cfg.stage_config("grpo").iterations // 5)]))
+        show(grpo_curve(lake, result.grpo_run, max(1, cfg.stage_config("grpo").iterations // 5)))
         index = build_report(lake, cfg.report)
     console.print(f"report: {index}")
     console.print(f"the GRPO run's curves: tensorboard --logdir {cfg.checkpoints}/{cfg.prefix}-grpo/tensorboard; "

@@ -102,3 +102,23 @@ def test_val_tasks_sizes_the_choices_on_val_and_not_the_test(tmp_path, tmp_path_
 def test_demo_reports_errors_in_one_line(tmp_path, capsys):
     assert main(["--lake", str(tmp_path / "x"), "--iterations", "0"]) == 1
     assert "iterations must be >= 1" in capsys.readouterr().err
+
+
+def test_the_grpo_curve_reads_each_steps_metrics_as_the_viewer_does(tmp_path):
+    """The curve the recipes print: the first iteration, every `every`-th and each evaluated one; a metric a step
+    lacks (or holds as text) shows '-' or its default, as view.train_data.metric reads it."""
+    from trajlake.recipes.demo import grpo_curve
+    from trajlake.schemas.records import Run, TrainStep
+
+    metrics = {0: {"eval_success": 0.1}, 1: {"success_mean": 0.5, "kl": 0.00012345, "sampling_rounds": 2},
+               2: {"success_mean": "0.7"}, 3: {"success_mean": 0.75, "eval_success": 0.25}, 4: {"success_mean": 1}}
+    with Lake.open(str(tmp_path / "lake")) as lake:
+        lake.append({"runs": [Run("g", "train", status="finished")],
+                     "train_steps": [TrainStep("g", s, None, 1, m) for s, m in metrics.items()]}, stage="test",
+                    run_id="g")
+        curve = grpo_curve(lake, "g", every=4)
+        assert curve["iteration"].to_list() == [1, 3, 4]  # the first, the evaluated one, every 4th
+        assert curve["sampled_success"].to_list() == [0.5, 0.75, 1.0]
+        assert curve["greedy_val_success"].to_list() == ["-", "0.25", "-"]
+        assert curve["kl_to_start"].to_list() == ["0.00012", "-", "-"] and curve["rounds"].to_list() == [2, 1, 1]
+        assert grpo_curve(lake, "g", metrics=("success_mean",))["sampled_success"].to_list() == [0.5, None, 0.75, 1.0]
