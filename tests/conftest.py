@@ -23,6 +23,13 @@ SHARED = Path(__file__).resolve().parents[1].parent / "shared"
 #: lake, `make test-slow` (CI) on all three (about 190 runs, half of the fast tier's wall time on 2 cores)
 SLOW_CATALOGS = ("sqlite", "postgres")
 
+#: the slow tier's longest files, longest first (make test-slow, 2026-11-27, 2 workers on 2 cores: the docs' blocks
+#: 506 s, the fuzzers 382 s, re-score 257 s, the SQL guard 240 s, the learning test 235 s, DeepSpeed 171 s). xdist
+#: hands out whole files in collection order, so these start first and the short ones fill in around them: in
+#: alphabetical order the docs' 8 minutes started last and ran alone at the end of a 39-minute tier.
+LONG_FILES = ("test_readme.py", "test_fuzz_cli.py", "test_rescore.py", "test_sql_guard.py", "test_train_learning.py",
+              "test_train_distributed.py")
+
 
 def pytest_configure(config):
     """In several xdist workers, one torch/OpenMP thread per worker, for the worker and every process it starts
@@ -39,7 +46,7 @@ def pytest_configure(config):
 def pytest_collection_modifyitems(config, items):
     """A test's runs on the SQLite and PostgreSQL catalogs are slow-tier tests. The hostile suites
     (tests/bad_inputs_common.py) run every case on the DuckDB-file lake and a sample of them (marked
-    catalog_sample) on SQLite and PostgreSQL: the others are deselected there."""
+    catalog_sample) on SQLite and PostgreSQL: the others are deselected there. The LONG_FILES run first."""
     keep, drop = [], []
     for item in items:
         params = getattr(getattr(item, "callspec", None), "params", {})
@@ -49,7 +56,8 @@ def pytest_collection_modifyitems(config, items):
         (drop if on_catalog and item.get_closest_marker("catalog_sample") is None else keep).append(item)
     if drop:
         config.hook.pytest_deselected(items=drop)
-        items[:] = keep
+    rank = {name: i for i, name in enumerate(LONG_FILES)}  # the LONG_FILES first; a file's tests keep their order
+    items[:] = sorted(keep, key=lambda item: rank.get(item.path.name, len(rank)))
 
 
 def load_bench(name: str):
