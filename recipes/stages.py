@@ -52,7 +52,7 @@ def stage_config(cfg: Any, stage: str, file: str, what: str, **recipe: Any):
 
     fields = {**recipe, **getattr(cfg, stage)}
     try:
-        micro = fields.pop("micro_batch", None) or load_config(CONFIGS_DIR / file).micro_batch
+        micro = fields.pop("micro_batch") if "micro_batch" in fields else load_config(CONFIGS_DIR / file).micro_batch
         tc = load_config(CONFIGS_DIR / file, **cfg.rollout, seed=cfg.seed, progress=cfg.progress,
                          checkpoint_dir=str(cfg.checkpoints.absolute()), **fields, micro_batch=1)
         # the rollout settings whole, None included (load_config keeps the file's value for a None: doors'

@@ -62,6 +62,8 @@ def test_demo_config_errors():
         DemoConfig(**layered({"sft_steps": 100, "sft_every": 200}))
     with pytest.raises(TrajlakeError, match=r"^demo: the sft stage: .*sft-doors-noisy\.toml: unknown key\(s\) lrr"):
         DemoConfig(sft={"lrr": 1e-3})
+    with pytest.raises(TrajlakeError, match=r"^demo: the sft stage: train config: micro_batch must be >= 1, got 0$"):
+        DemoConfig(**layered({"micro_batch": 0}))
     with pytest.raises(TrajlakeError, match="expert_noise must be between 0 and 1, got 1.5"):
         DemoConfig(expert_noise=1.5)
     with pytest.raises(TrajlakeError, match="difficulty of doors must be one of 1, 2, 3, 4, got 9"):
