@@ -77,8 +77,10 @@ test: setup
 
 # The slow tier the same way: its files share no state (each makes its own lakes, servers, ports and PostgreSQL
 # schemas), and in one process it took 68 minutes of CI's 90 (45 in two workers on two cores, measured here).
+# Its files start in collection order, the longest first (tests/conftest.py LONG_FILES), not xdist's default of
+# the most tests first, which started the docs' one 8-minute test last.
 test-slow: setup
-	$(PY) -m pytest -q -m slow -n $(TEST_WORKERS) --dist loadfile $(PYTEST_ARGS)
+	$(PY) -m pytest -q -m slow -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder $(PYTEST_ARGS)
 
 test-all: setup
 	$(PY) -m pytest -q -m 'slow or not slow' $(PYTEST_ARGS)

@@ -24,9 +24,10 @@ SHARED = Path(__file__).resolve().parents[1].parent / "shared"
 SLOW_CATALOGS = ("sqlite", "postgres")
 
 #: the slow tier's longest files, longest first (make test-slow, 2026-11-27, 2 workers on 2 cores: the docs' blocks
-#: 506 s, the fuzzers 382 s, re-score 257 s, the SQL guard 240 s, the learning test 235 s, DeepSpeed 171 s). xdist
-#: hands out whole files in collection order, so these start first and the short ones fill in around them: in
-#: alphabetical order the docs' 8 minutes started last and ran alone at the end of a 39-minute tier.
+#: 506 s, the fuzzers 382 s, re-score 257 s, the SQL guard 240 s, the learning test 235 s, DeepSpeed 171 s). With
+#: --no-loadscope-reorder (make test-slow) xdist hands out whole files in collection order, so these start first
+#: and the short ones fill in around them; by its default order, the most tests first, the docs' one 8-minute
+#: test started last and ran alone at the end of a 39-minute tier.
 LONG_FILES = ("test_readme.py", "test_fuzz_cli.py", "test_rescore.py", "test_sql_guard.py", "test_train_learning.py",
               "test_train_distributed.py")
 
