@@ -2,7 +2,7 @@
 its config class) however many commands take it:
 
 - `rollout_options`: RolloutConfig's fields as `--kebab-case` options of `collect` and `evaluate`, with the
-  field's default and its docstring as the help;
+  field's default and its `help` (core/config_types.py) as the help;
 - `override_options`: every TrainConfig field (train/overrides.py) as an option of `train` by its dotted and
   its flat name, listed under its section, each None unless given (the config file's value stands).
 

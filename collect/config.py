@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from typing import Any, ClassVar
 
 from trajlake.collect.templates import TEMPLATES
@@ -15,6 +15,7 @@ from trajlake.core.config_types import (
     operational,
     operational_fields,
     run_fields,
+    setting,
 )
 from trajlake.core.errors import TrajlakeError
 
@@ -97,40 +98,35 @@ class RolloutConfig:
     config_name: ClassVar[str] = "rollout config"
     error_type: ClassVar[type[TrajlakeError]] = TrajlakeError
 
-    env: str = "doors"
-    """Env to play (`trajlake envs` lists them); `agentgym/NAME` plays the AgentGym server at `env_url`."""
-    env_url: str | None = operational(None)
-    """URL of the AgentGym env server an `agentgym/NAME` env plays (e.g. http://127.0.0.1:36001)."""
-    split: str = "train"
-    """Task split: train, val or test."""
-    difficulty: int | None = None
-    """Only tasks of this difficulty (None: all difficulties interleaved)."""
-    max_turns: int = 10
-    """Turn cap per episode; an episode that reaches it is stored with status `truncated`."""
-    template: str | None = None
-    """Action template the agent replies in: think_action, action, react or plain; None: the env's own default
-    (react for AgentGym's servers, as AgentGym's agents reply; think_action for the others)."""
-    system_prompt: str | None = None
-    """System message; None builds one from the env's description, actions and the template."""
-    temperature: float = 1.0
-    """Sampling temperature; 0 is greedy."""
-    top_p: float = 1.0
-    """Nucleus sampling mass."""
-    max_new_tokens: int = 48
-    """Reply length cap in tokens."""
-    max_context_tokens: int = added_later(2048)
-    """Context budget: prompt tokens of an episode's whole history plus the next reply."""
-    truncation: str = added_later("stop")
-    """What happens past the budget: `stop` ends the episode as `truncated` (no history is dropped, so the
-    stored tokens stay exactly what the model saw)."""
-    on_format_error: str = added_later("raw")
-    """What the env gets for a reply without a valid action: `raw` (the whole reply) or `empty`."""
-    concurrency: int = operational(32)
-    """Live episodes at once: each turn their prompts go to the policy in one batched call."""
-    replicas: int = operational(1)
-    """Copies of a model policy (hf, vllm, policy:ID), each a Ray actor, the live episodes spread over them
-    (each stays on one); 1: the policy runs in this process. With RAY_ADDRESS set they are placed on that
-    Ray cluster's nodes."""
+    env: str = setting("doors", help=(
+        "Env to play (`trajlake envs` lists them); `agentgym/NAME` plays the AgentGym server at `env_url`."))
+    env_url: str | None = operational(None, help=(
+        "URL of the AgentGym env server an `agentgym/NAME` env plays (e.g. http://127.0.0.1:36001)."))
+    split: str = setting("train", help="Task split: train, val or test.")
+    difficulty: int | None = setting(None, help="Only tasks of this difficulty (None: all difficulties interleaved).")
+    max_turns: int = setting(10, help=(
+        "Turn cap per episode; an episode that reaches it is stored with status `truncated`."))
+    template: str | None = setting(None, help=(
+        "Action template the agent replies in: think_action, action, react or plain; None: the env's own default "
+        "(react for AgentGym's servers, as AgentGym's agents reply; think_action for the others)."))
+    system_prompt: str | None = setting(None, help=(
+        "System message; None builds one from the env's description, actions and the template."))
+    temperature: float = setting(1.0, help="Sampling temperature; 0 is greedy.")
+    top_p: float = setting(1.0, help="Nucleus sampling mass.")
+    max_new_tokens: int = setting(48, help="Reply length cap in tokens.")
+    max_context_tokens: int = added_later(2048, help=(
+        "Context budget: prompt tokens of an episode's whole history plus the next reply."))
+    truncation: str = added_later("stop", help=(
+        "What happens past the budget: `stop` ends the episode as `truncated` (no history is dropped, so the stored "
+        "tokens stay exactly what the model saw)."))
+    on_format_error: str = added_later("raw", help=(
+        "What the env gets for a reply without a valid action: `raw` (the whole reply) or `empty`."))
+    concurrency: int = operational(32, help=(
+        "Live episodes at once: each turn their prompts go to the policy in one batched call."))
+    replicas: int = operational(1, help=(
+        "Copies of a model policy (hf, vllm, policy:ID), each a Ray actor, the live episodes spread over them (each "
+        "stays on one); 1: the policy runs in this process. With RAY_ADDRESS set they are placed on that Ray "
+        "cluster's nodes."))
 
     def __post_init__(self):
         check_field_types(self, self.config_name, self.error_type)  # first: the checks below compare values
@@ -213,40 +209,35 @@ class CollectConfig(RolloutConfig):
 
     config_name: ClassVar[str] = "collect config"
 
-    policy: str
-    """Policy spec: hf:PATH, vllm:PATH, openai:URL#MODEL, scripted:ENV or policy:ID."""
-    tasks: int = 32
-    """How many tasks of the split to play (the first N after `task_offset`, difficulties interleaved)."""
-    task_offset: int = 0
-    """Skip this many tasks of the split first (the train loop moves on through the split every iteration)."""
-    task_positions: tuple[int, ...] = added_later(())
-    """Play exactly these tasks: their positions in the split's task list (0 is its first task), in this order;
-    then `tasks` must be their number and task_offset 0. What a train run's task_selector chose, recorded with
-    the collect run. Empty: the first `tasks` after task_offset."""
-    samples: int = 1
-    """Samples per task (K); the K episodes of a task share a group_id (GRPO groups)."""
-    run_id: str | None = operational(None)
-    """Run id; restarting with the same id resumes: it plays the (task, sample) pairs not stored yet and retries
-    those whose every stored episode ended in an env error. The other fields that define the run (RUN_FIELDS)
-    must then be the ones it was started with."""
-    workers: int = operational(0)
-    """Ray actors stepping envs (0: in-process for built-in envs, a thread pool for HTTP envs)."""
-    seed: int = 0
-    """Seeds the policy's sampler (reproducible runs; samples of one task still differ)."""
-    tokenizer: str | None = None
-    """Tokenizer folder for text policies (scripted, openai): their replies are stored under it."""
-    chunk_turns: int = operational(1000)
-    """Write to the store once this many turns are buffered (one snapshot per chunk)..."""
-    chunk_seconds: float = operational(30.0)
-    """...or once this many seconds passed since the last write."""
-    env_kwargs: dict[str, Any] = field(default_factory=dict)
-    """Extra arguments for the env's constructor (the server's URL is `env_url`)."""
-    progress: bool = operational(True)
-    """Show a progress bar and a summary table."""
-    run_kind: str = "collect"
-    """The `runs.kind` recorded: `collect`, or `eval` for held-out evaluation (trajlake evaluate, train evals)."""
-    parent_run_id: str | None = None
-    """The run this one belongs to (a train run for its rollouts and evals), recorded in `runs`."""
+    policy: str = setting(help="Policy spec: hf:PATH, vllm:PATH, openai:URL#MODEL, scripted:ENV or policy:ID.")
+    tasks: int = setting(32, help=(
+        "How many tasks of the split to play (the first N after `task_offset`, difficulties interleaved)."))
+    task_offset: int = setting(0, help=(
+        "Skip this many tasks of the split first (the train loop moves on through the split every iteration)."))
+    task_positions: tuple[int, ...] = added_later((), help=(
+        "Play exactly these tasks: their positions in the split's task list (0 is its first task), in this order; "
+        "then `tasks` must be their number and task_offset 0. What a train run's task_selector chose, recorded with "
+        "the collect run. Empty: the first `tasks` after task_offset."))
+    samples: int = setting(1, help="Samples per task (K); the K episodes of a task share a group_id (GRPO groups).")
+    run_id: str | None = operational(None, help=(
+        "Run id; restarting with the same id resumes: it plays the (task, sample) pairs not stored yet and retries "
+        "those whose every stored episode ended in an env error. The other fields that define the run (RUN_FIELDS) "
+        "must then be the ones it was started with."))
+    workers: int = operational(0, help=(
+        "Ray actors stepping envs (0: in-process for built-in envs, a thread pool for HTTP envs)."))
+    seed: int = setting(0, help="Seeds the policy's sampler (reproducible runs; samples of one task still differ).")
+    tokenizer: str | None = setting(None, help=(
+        "Tokenizer folder for text policies (scripted, openai): their replies are stored under it."))
+    chunk_turns: int = operational(1000, help=(
+        "Write to the store once this many turns are buffered (one snapshot per chunk)..."))
+    chunk_seconds: float = operational(30.0, help="...or once this many seconds passed since the last write.")
+    env_kwargs: dict[str, Any] = setting(default_factory=dict, help=(
+        "Extra arguments for the env's constructor (the server's URL is `env_url`)."))
+    progress: bool = operational(True, help="Show a progress bar and a summary table.")
+    run_kind: str = setting("collect", help=(
+        "The `runs.kind` recorded: `collect`, or `eval` for held-out evaluation (trajlake evaluate, train evals)."))
+    parent_run_id: str | None = setting(None, help=(
+        "The run this one belongs to (a train run for its rollouts and evals), recorded in `runs`."))
 
     def __post_init__(self):
         super().__post_init__()

@@ -9,7 +9,11 @@ every field identifies the run (a resumed run must give it the stored value; an 
 holds it) unless it is declared `operational(...)`: how the run is carried out or reported, which a resume may
 change and an id leaves out. A field declared `added_later(default)` identifies the run too, but was added after
 runs were stored: those runs were made at `default`, so a stored config without it compares as `default` and an
-id made from the settings leaves it out at `default` (the ids made before it stay the same).
+id made from the settings leaves it out at `default` (the ids made before it stay the same). Any other field of
+a config is declared `setting(...)`.
+
+Each of the three takes the field's `help=`, its one documentation, kept in the field's metadata (HELP) as TRL's
+HfArgumentParser keeps it: `field_docs(cls)` reads it back, and the CLI shows it as the option's help.
 """
 
 from __future__ import annotations
@@ -27,6 +31,8 @@ from trajlake.core.errors import TrajlakeError
 OPERATIONAL = "operational"
 #: the metadata key `added_later` sets on a field: the value the runs stored before the field existed were made at
 BEFORE = "before"
+#: the metadata key of a field's help (`setting`, `operational` and `added_later` set it; `field_docs` reads it)
+HELP = "help"
 
 _NAMES = {bool: "true or false", int: "an integer", float: "a number", str: "a string"}
 #: the key of a stored run config holding the defaults of the code that wrote it (`stored_defaults`), so a reader
@@ -106,37 +112,31 @@ def _plural(hint: Any) -> str:
 
 
 def field_docs(cls: type) -> dict[str, str]:
-    """Each dataclass field's docstring (the string literal after it in the class body), from `cls` and its
-    bases: the one text that documents a field, shown as the CLI's help too."""
-    import ast
-    import inspect
-    import textwrap
-
-    docs: dict[str, str] = {}
-    for klass in reversed(cls.__mro__):
-        if not dataclasses.is_dataclass(klass):
-            continue
-        body = ast.parse(textwrap.dedent(inspect.getsource(klass))).body[0].body
-        for node, nxt in zip(body, body[1:] + [None], strict=True):
-            if (isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name) and isinstance(nxt, ast.Expr)
-                    and isinstance(nxt.value, ast.Constant) and isinstance(nxt.value.value, str)):
-                docs[node.target.id] = " ".join(nxt.value.value.split())
-    return docs
+    """Each field of the dataclass `cls` (its bases' too) -> its help (HELP in the field's metadata, whitespace
+    runs joined): the one text that documents a field, shown as the CLI's help too. A field declared without
+    help is left out."""
+    return {f.name: " ".join(f.metadata[HELP].split()) for f in dataclasses.fields(cls) if f.metadata.get(HELP)}
 
 
-def operational(default: Any = dataclasses.MISSING, *, default_factory: Any = dataclasses.MISSING) -> Any:
+def setting(default: Any = dataclasses.MISSING, *, help: str, default_factory: Any = dataclasses.MISSING) -> Any:
+    """A dataclass field that identifies a run (neither `operational` nor `added_later`), documented by `help`."""
+    return dataclasses.field(default=default, default_factory=default_factory, metadata={HELP: help})
+
+
+def operational(default: Any = dataclasses.MISSING, *, help: str, default_factory: Any = dataclasses.MISSING) -> Any:
     """A dataclass field that says how a run is carried out or reported, not what the run is: a resumed run may
-    give it another value, and a run id hashed from the settings leaves it out."""
-    return dataclasses.field(default=default, default_factory=default_factory, metadata={OPERATIONAL: True})
+    give it another value, and a run id hashed from the settings leaves it out. `help` documents it."""
+    return dataclasses.field(default=default, default_factory=default_factory,
+                             metadata={OPERATIONAL: True, HELP: help})
 
 
-def added_later(default: Any, *, before: Any = dataclasses.MISSING) -> Any:
+def added_later(default: Any, *, help: str, before: Any = dataclasses.MISSING) -> Any:
     """A dataclass field that identifies a run but was added after runs were stored, all of them made at
     `before` (the value that keeps the old meaning; `default` when not given, i.e. the new field's default keeps
     the old behaviour): a stored config that lacks it compares as `before`, and a run id hashed from the settings
-    leaves it out while it is `before`."""
+    leaves it out while it is `before`. `help` documents it."""
     old = default if before is dataclasses.MISSING else before
-    return dataclasses.field(default=default, metadata={BEFORE: old})
+    return dataclasses.field(default=default, metadata={BEFORE: old, HELP: help})
 
 
 def run_fields(cls: type, order: tuple[str, ...] = ()) -> tuple[str, ...]:

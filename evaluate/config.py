@@ -15,7 +15,7 @@ from trajlake.collect.config import (
     RolloutConfig,
     check_range,
 )
-from trajlake.core.config_types import operational
+from trajlake.core.config_types import operational, setting
 from trajlake.core.errors import TrajlakeError
 
 
@@ -26,29 +26,23 @@ class EvalConfig(RolloutConfig):
 
     config_name: ClassVar[str] = "evaluate"
 
-    policies: tuple[str, ...]
-    """Policy specs to compare: hf:PATH, policy:ID, run:RUN_ID (a train run's last checkpoint), scripted:ENV..."""
-    split: str = "test"
-    """Held-out split: test (or val). (RolloutConfig's field, with the held-out default.)"""
-    tasks: int = 50
-    """Tasks of the split (the first N at the difficulty)."""
-    samples: int = 1
-    """Samples per task; pass@k needs samples >= k."""
-    greedy: bool = False
-    """Greedy decoding (temperature 0); then samples must be 1 (greedy samples would all be the same)."""
-    tokenizer: str | None = None
-    """Tokenizer folder for text policies (scripted, openai)."""
-    spec: str | None = operational(None)
-    """Reward spec TOML for the reward columns (None: the built-in default spec)."""
-    ks: tuple[int, ...] = operational((1,))
-    """The k of pass@k, each <= `samples` (pass@k of fewer samples is not defined); 1 and `samples` are always
-    reported too."""
-    confidence: float = operational(0.95)
-    """Two-sided level of the confidence intervals."""
-    seed: int = 0
-    """Sampler seed."""
-    progress: bool = operational(True)
-    """Show progress bars."""
+    policies: tuple[str, ...] = setting(help=(
+        "Policy specs to compare: hf:PATH, policy:ID, run:RUN_ID (a train run's last checkpoint), scripted:ENV..."))
+    split: str = setting("test", help=(
+        "Held-out split: test (or val). (RolloutConfig's field, with the held-out default.)"))
+    tasks: int = setting(50, help="Tasks of the split (the first N at the difficulty).")
+    samples: int = setting(1, help="Samples per task; pass@k needs samples >= k.")
+    greedy: bool = setting(False, help=(
+        "Greedy decoding (temperature 0); then samples must be 1 (greedy samples would all be the same)."))
+    tokenizer: str | None = setting(None, help="Tokenizer folder for text policies (scripted, openai).")
+    spec: str | None = operational(None, help=(
+        "Reward spec TOML for the reward columns (None: the built-in default spec)."))
+    ks: tuple[int, ...] = operational((1,), help=(
+        "The k of pass@k, each <= `samples` (pass@k of fewer samples is not defined); 1 and `samples` are always "
+        "reported too."))
+    confidence: float = operational(0.95, help="Two-sided level of the confidence intervals.")
+    seed: int = setting(0, help="Sampler seed.")
+    progress: bool = operational(True, help="Show progress bars.")
 
     def __post_init__(self):
         super().__post_init__()  # types first, then RolloutConfig's checks

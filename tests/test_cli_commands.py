@@ -36,7 +36,7 @@ def test_train_options_are_the_overrides_with_the_field_docs_as_help():
     assert set(fields) == {f.name for f in dataclasses.fields(TrainConfig)}  # every field, each with its doc
     for field in fields:
         assert option_name(field) in out and dotted_option(field) in out, field
-        assert docs[field] in text, field  # the field's docstring is the option's help, whole
+        assert docs[field] in text, field  # the field's help is the option's help, whole
     panels = re.findall(r"Config overrides: (\w+)", out)  # one panel a section, in SECTIONS' order
     assert panels == list(SECTIONS)
 

@@ -47,7 +47,7 @@ def test_config_checks_field_types(field, value, message):
 
 def test_rollout_settings_are_declared_once():
     """Collect, train and evaluate take the same rollout fields, with one set of defaults (evaluate plays the
-    test split), and the CLI's options show each field's own docstring."""
+    test split), and the CLI's options show each field's own help."""
     import dataclasses
 
     from trajlake.collect.config import ROLLOUT_FIELDS, RolloutConfig

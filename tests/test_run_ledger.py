@@ -24,7 +24,7 @@ class Job:
     name: str
     tags: tuple[str, ...] = ()
     size: int = 1
-    workers: int = operational(1)
+    workers: int = operational(1, help="Processes that carry the run out.")
 
     def differences(self, stored: dict) -> list:
         return runs.differences(stored, self)
@@ -34,7 +34,7 @@ class Job:
 class JobWithDepth(Job):
     """Job after a release that added `depth`: the runs stored before it were made at depth 3."""
 
-    depth: int = added_later(3)
+    depth: int = added_later(3, help="How deep the job goes.")
 
 
 def job_run(run_id: str, config: Job, kind: str = "collect") -> Run:

@@ -26,6 +26,7 @@ from trajlake.core.config_types import (
     operational,
     operational_fields,
     run_fields,
+    setting,
 )
 from trajlake.core.errors import TrajlakeError
 from trajlake.core.text_files import read_text_file
@@ -64,216 +65,188 @@ class TrainConfig(RolloutConfig):
     error_type: ClassVar[type[TrajlakeError]] = ConfigError
 
     # ---- what and from where -----------------------------------------------------------------------
-    model: str
-    """Starting point: a model folder (save_pretrained layout), `policy:ID` (a checkpoint in the store) or
-    `run:RUN_ID` (the last checkpoint of that train run, e.g. `run:sft-doors` after the warm start)."""
-    algo: str = "grpo"
-    """grpo (group-relative advantages, no critic), ppo (GAE with a critic) or sft (cross-entropy on a
-    filtered store query; `sft_filter`, `sft_steps`)."""
-    run_id: str | None = operational(None)
-    """Run id. A run restarted with the same id resumes from its last checkpoint; None makes a new id. A given
-    one is a safe id (trajlake.core.ids.check_id: letters, digits, '.', '_', '-'; not empty): it names folders."""
-    checkpoint_dir: str = operational("checkpoints")
-    """Folder for checkpoints: each is `<checkpoint_dir>/<run_id>/step-<n>` and a row in `policies`."""
-    seed: int = 0
-    """Seeds torch, the minibatch shuffles and the rollout sampler (iteration i samples with seed + i)."""
+    model: str = setting(help=(
+        "Starting point: a model folder (save_pretrained layout), `policy:ID` (a checkpoint in the store) or "
+        "`run:RUN_ID` (the last checkpoint of that train run, e.g. `run:sft-doors` after the warm start)."))
+    algo: str = setting("grpo", help=(
+        "grpo (group-relative advantages, no critic), ppo (GAE with a critic) or sft (cross-entropy on a filtered "
+        "store query; `sft_filter`, `sft_steps`)."))
+    run_id: str | None = operational(None, help=(
+        "Run id. A run restarted with the same id resumes from its last checkpoint; None makes a new id. A given one "
+        "is a safe id (trajlake.core.ids.check_id: letters, digits, '.', '_', '-'; not empty): it names folders."))
+    checkpoint_dir: str = operational("checkpoints", help=(
+        "Folder for checkpoints: each is `<checkpoint_dir>/<run_id>/step-<n>` and a row in `policies`."))
+    seed: int = setting(0, help=(
+        "Seeds torch, the minibatch shuffles and the rollout sampler (iteration i samples with seed + i)."))
 
     # ---- rollouts (and RolloutConfig's fields) --------------------------------------------------------
-    tasks: int = 16
-    """Tasks per iteration."""
-    rotate_tasks: bool = True
-    """With task_selector rotation: iteration i plays tasks [i * tasks, (i + 1) * tasks) of the split, so no two
-    iterations repeat a task (OpenManus-RL replays the same ones every step), around again from the start of a
-    split with an end (an AgentGym server's train split); False plays the first `tasks` every iteration."""
-    task_selector: str = added_later("rotation")
-    """Which tasks each iteration plays (train/task_select.py): `rotation` (the next block of the split, see
-    rotate_tasks), `learnable` (a query over the lake's own history: the tasks of the split's first
-    task_pool that this run's policies sometimes win, then those never played, then the rest; train/queries/
-    learnable.sql), or the path of a .sql file of your own (the same parameters; copy learnable.sql to start).
-    The tasks each iteration played are recorded in its collect run, so a run replays as it was."""
-    task_pool: int = added_later(0)
-    """With a query task_selector: how many tasks of the split (its first N) it chooses from; 0: the whole split
-    (a split without an end needs a number)."""
-    samples: int = 4
-    """Samples per task: the group size K of GRPO (>= 2 for grpo, else every advantage is 0)."""
-    min_outcome_groups: int = added_later(0)
-    """DAPO's dynamic sampling: when an iteration's `tasks` groups hold fewer than this many whose samples'
-    outcomes differ, it plays another round of `tasks` other tasks (collect run `<run_id>/it-<n>/round-<k>`),
-    up to `sampling_rounds` rounds, and the update learns from every round's groups. 0: one round. The tasks of a
-    round are the selector's next ones (a query selector's first not yet played this iteration; with rotation,
-    iteration i reserves blocks i*R .. i*R+R-1 of the split). Each iteration records the rounds it played."""
-    sampling_rounds: int = added_later(1)
-    """With min_outcome_groups: the most rounds an iteration plays (DAPO's max_num_gen_batches), bounding its
-    time when the policy wins nothing or everything."""
-    iterations: int = operational(10)
-    """Iterations (collect -> score -> update -> checkpoint) of grpo/ppo."""
-    reward_spec: str | None = None
-    """Reward spec TOML; None: the built-in default spec (rewards/specs/default.toml)."""
-    horizon_start: int = added_later(0)
-    """Horizon curriculum (AgentGym-RL's ScalingInter-RL): the turn cap of the first iteration's rollouts, one
-    turn more every `horizon_every` iterations up to max_turns (`horizon`), so that the policy learns a task's
-    first steps on short, low-variance episodes before it plays whole ones. 0: off, every iteration plays
-    max_turns. Held-out evals always play max_turns. Part of the run: a restart may not change it."""
-    horizon_every: int = added_later(1)
-    """With horizon_start: iterations per one-turn growth of the cap (1: one turn more every iteration)."""
-    eval_every: int = operational(0)
-    """Evaluate every N iterations (and before the first) on held-out tasks, greedy; 0: never."""
-    eval_split: str = "test"
-    """Split of the held-out tasks."""
-    eval_tasks: int = 32
-    """Held-out tasks per evaluation."""
-    stop_on_regression: bool = operational(True)
-    """With eval_every: stop the run (finished, the reason in its last train_steps row) when an evaluation's
-    success falls below the 95% Wilson lower bound of the first one (the starting policy's), so RL never ends
-    a long run below where it started. The best checkpoint on the eval split is `best_eval_policy`."""
+    tasks: int = setting(16, help="Tasks per iteration.")
+    rotate_tasks: bool = setting(True, help=(
+        "With task_selector rotation: iteration i plays tasks [i * tasks, (i + 1) * tasks) of the split, so no two "
+        "iterations repeat a task (OpenManus-RL replays the same ones every step), around again from the start of a "
+        "split with an end (an AgentGym server's train split); False plays the first `tasks` every iteration."))
+    task_selector: str = added_later("rotation", help=(
+        "Which tasks each iteration plays (train/task_select.py): `rotation` (the next block of the split, see "
+        "rotate_tasks), `learnable` (a query over the lake's own history: the tasks of the split's first task_pool "
+        "that this run's policies sometimes win, then those never played, then the rest; train/queries/ "
+        "learnable.sql), or the path of a .sql file of your own (the same parameters; copy learnable.sql to start). "
+        "The tasks each iteration played are recorded in its collect run, so a run replays as it was."))
+    task_pool: int = added_later(0, help=(
+        "With a query task_selector: how many tasks of the split (its first N) it chooses from; 0: the whole split "
+        "(a split without an end needs a number)."))
+    samples: int = setting(4, help=(
+        "Samples per task: the group size K of GRPO (>= 2 for grpo, else every advantage is 0)."))
+    min_outcome_groups: int = added_later(0, help=(
+        "DAPO's dynamic sampling: when an iteration's `tasks` groups hold fewer than this many whose samples' "
+        "outcomes differ, it plays another round of `tasks` other tasks (collect run `<run_id>/it-<n>/round-<k>`), "
+        "up to `sampling_rounds` rounds, and the update learns from every round's groups. 0: one round. The tasks of "
+        "a round are the selector's next ones (a query selector's first not yet played this iteration; with "
+        "rotation, iteration i reserves blocks i*R .. i*R+R-1 of the split). Each iteration records the rounds it "
+        "played."))
+    sampling_rounds: int = added_later(1, help=(
+        "With min_outcome_groups: the most rounds an iteration plays (DAPO's max_num_gen_batches), bounding its time "
+        "when the policy wins nothing or everything."))
+    iterations: int = operational(10, help="Iterations (collect -> score -> update -> checkpoint) of grpo/ppo.")
+    reward_spec: str | None = setting(None, help=(
+        "Reward spec TOML; None: the built-in default spec (rewards/specs/default.toml)."))
+    horizon_start: int = added_later(0, help=(
+        "Horizon curriculum (AgentGym-RL's ScalingInter-RL): the turn cap of the first iteration's rollouts, one "
+        "turn more every `horizon_every` iterations up to max_turns (`horizon`), so that the policy learns a task's "
+        "first steps on short, low-variance episodes before it plays whole ones. 0: off, every iteration plays "
+        "max_turns. Held-out evals always play max_turns. Part of the run: a restart may not change it."))
+    horizon_every: int = added_later(1, help=(
+        "With horizon_start: iterations per one-turn growth of the cap (1: one turn more every iteration)."))
+    eval_every: int = operational(0, help=(
+        "Evaluate every N iterations (and before the first) on held-out tasks, greedy; 0: never."))
+    eval_split: str = setting("test", help="Split of the held-out tasks.")
+    eval_tasks: int = setting(32, help="Held-out tasks per evaluation.")
+    stop_on_regression: bool = operational(True, help=(
+        "With eval_every: stop the run (finished, the reason in its last train_steps row) when an evaluation's "
+        "success falls below the 95% Wilson lower bound of the first one (the starting policy's), so RL never ends a "
+        "long run below where it started. The best checkpoint on the eval split is `best_eval_policy`."))
 
     # ---- stored rollouts (instead of collecting) -------------------------------------------------------
-    train_filter: str | None = None
-    """SQL over episodes columns choosing stored episodes that the RL iterations train on instead of collecting
-    (any runs, policies, envs), e.g. "run_id LIKE 'demo-grpo/%'"; `tasks` GRPO groups an iteration, dealt in
-    order and wrapping around (train/sources/stored.py). The ratio is taken against their stored behaviour log-probs:
-    set old_logprobs = "behaviour" or is_cap. None: every iteration collects fresh rollouts."""
-    train_snapshot: int | None = None
-    """With train_filter: the snapshot its episodes and their scores are read at (already scored by
-    reward_spec, e.g. with `trajlake rewards`); None: score what the filter selects when the run starts and
-    read the snapshot after (a restart reads that one again)."""
+    train_filter: str | None = setting(None, help=(
+        "SQL over episodes columns choosing stored episodes that the RL iterations train on instead of collecting "
+        "(any runs, policies, envs), e.g. \"run_id LIKE 'demo-grpo/%'\"; `tasks` GRPO groups an iteration, dealt in "
+        "order and wrapping around (train/sources/stored.py). The ratio is taken against their stored behaviour "
+        'log-probs: set old_logprobs = "behaviour" or is_cap. None: every iteration collects fresh rollouts.'))
+    train_snapshot: int | None = setting(None, help=(
+        "With train_filter: the snapshot its episodes and their scores are read at (already scored by reward_spec, "
+        "e.g. with `trajlake rewards`); None: score what the filter selects when the run starts and read the "
+        "snapshot after (a restart reads that one again)."))
 
-    replay_ratio: float = 0.0
-    """Share of each iteration's GRPO groups replayed from this run's own earlier rollouts, beside the fresh
-    ones (0: none; 0.25: one replayed group for every three fresh ones). Replayed episodes keep their stored
-    scores and behaviour log-probs: set old_logprobs = "behaviour" or is_cap."""
-    replay_staleness: int = 1
-    """How many policy versions back a replayed rollout may be: the last N iterations' rollouts."""
-    replay_filter: str | None = None
-    """SQL over episodes columns narrowing the replay pool (e.g. "success"); None: every rollout in it."""
+    replay_ratio: float = setting(0.0, help=(
+        "Share of each iteration's GRPO groups replayed from this run's own earlier rollouts, beside the fresh ones "
+        "(0: none; 0.25: one replayed group for every three fresh ones). Replayed episodes keep their stored scores "
+        'and behaviour log-probs: set old_logprobs = "behaviour" or is_cap.'))
+    replay_staleness: int = setting(1, help=(
+        "How many policy versions back a replayed rollout may be: the last N iterations' rollouts."))
+    replay_filter: str | None = setting(None, help=(
+        'SQL over episodes columns narrowing the replay pool (e.g. "success"); None: every rollout in it.'))
 
     # ---- the update ----------------------------------------------------------------------------------
-    advantage: str | None = None
-    """Advantage estimator (train.algos.ADVANTAGES); None: grpo for grpo, gae for ppo."""
-    policy_loss: str = "ppo_clip"
-    """Policy loss (train.algos.POLICY_LOSSES): ppo_clip, dual_clip, gspo."""
-    agg_mode: str = "token-mean"
-    """Loss aggregation (train.algos.AGG_MODES) for the policy, entropy, KL and value losses."""
-    loss_norm_constant: float | None = None
-    """Constant of agg_mode seq-mean-token-sum-norm; None: max_new_tokens * max_turns."""
-    clip_low: float = 0.2
-    """Lower clip range of the ratio (1 - clip_low)."""
-    clip_high: float = 0.2
-    """Upper clip range of the ratio (1 + clip_high); 0.28 is DAPO's clip-higher."""
-    clip_c: float = 3.0
-    """Dual-clip bound c (> 1) of dual_clip."""
-    norm_adv_by_std: bool = True
-    """grpo: divide by the group std (False: Dr. GRPO style)."""
-    whiten_advantages: bool = True
-    """gae: whiten advantages over the batch."""
-    gamma: float = 1.0
-    """Discount over agent tokens (gae, reinforce++), or over turns (gigpo, turn_reinforce, turn_gae)."""
-    lam: float = 0.95
-    """GAE lambda (gae over tokens, turn_gae over turns)."""
-    step_advantage_weight: float = 1.0
-    """gigpo: weight of the step-level advantage (steps of a group that saw the same observation compared)
-    added to the episode-level one."""
-    turn_baseline: str = "none"
-    """turn_reinforce: what each turn's discounted return is compared with: none, turn (the group's mean at the
-    same turn number) or episode (the group's mean episode return)."""
-    group_filter: str | None = added_later(None, before="all")
-    """Which GRPO groups the update learns from (train.algos.GROUP_FILTERS): `outcome_differs` keeps only the
-    groups whose samples' success differs (DAPO's dynamic sampling; GiGPO and RAGEN do the same): a group all won
-    or all lost has no outcome to learn from, and its shaping differences alone, divided by the group's small
-    std, would get a win's weight. `all` keeps every group. None: the algo's default for an estimator that
-    compares a group's samples (grpo: outcome_differs; ppo: all), `all` for a token-level one. Each iteration
-    records the share of groups with an outcome difference (`outcome_groups`)."""
-    drop_zero_advantage: bool = True
-    """Leave out of the actor's update the sequences whose advantage is 0 on every token (GRPO groups whose
-    samples all scored the same, DAPO's dynamic-sampling filter): they add no policy gradient, but a step on
-    them alone would still move the weights by Adam's momentum. An iteration with none left skips the update."""
-    advantage_floor: float | None = None
-    """Raise every advantage below this to it (None: off). 0 learns only from the samples that did better
-    than their baseline: on stored rollouts the policy no longer plays (train_filter), pushing the worse
-    ones down moves their probability onto replies the data never shows, whose failures the update never
-    sees (measured in the re-score-and-retrain workflow of docs/rewards.md)."""
-    entropy_coef: float = 0.0
-    """Entropy bonus weight (loss -= entropy_coef * entropy)."""
-    kl_coef: float = 0.001
-    """KL(pi || ref) weight, an anchor to the starting policy; > 0 loads a frozen reference model (the starting
-    model) and costs one more forward pass per sequence. 0.001 with k3 is verl's GRPO setting (verl-agent's
-    GiGPO uses 0.01); 0 turns the anchor off."""
-    kl_estimator: str = "k3"
-    """KL estimator (train.algos.KL_ESTIMATORS): k1, k2, k3, abs."""
-    kl_mode: str = "loss"
-    """`loss`: a KL term in the loss (GRPO); `reward`: a per-token penalty on the rewards (PPO-RLHF)."""
-    kl_controller: str = "fixed"
-    """fixed or adaptive (then kl_target and kl_horizon are needed)."""
-    kl_target: float | None = None
-    """Adaptive controller: the KL it steers to."""
-    kl_horizon: float | None = None
-    """Adaptive controller: horizon in sequences."""
-    old_logprobs: str = "recompute"
-    """recompute: pi_old is recomputed by the actor before the epochs; behaviour: the stored sampling
-    log-probs are pi_old (no extra forward; the ratio is then an importance weight pi / mu)."""
-    is_cap: float | None = None
-    """With recompute: truncated importance weights min(pi_old / mu, is_cap) from the stored behaviour
-    log-probs (off-policy correction of replayed or mismatched rollouts); None: off."""
-    value_loss: str = "clipped"
-    """ppo: value loss (train.algos.VALUE_LOSSES): clipped, mse."""
-    value_clip: float = 0.5
-    """ppo: clip range of the clipped value loss."""
-    critic_lr: float = 1e-5
-    """ppo: learning rate of the critic."""
-    critic_warmup: int = 0
-    """ppo: iterations that train only the critic."""
+    advantage: str | None = setting(None, help=(
+        "Advantage estimator (train.algos.ADVANTAGES); None: grpo for grpo, gae for ppo."))
+    policy_loss: str = setting("ppo_clip", help="Policy loss (train.algos.POLICY_LOSSES): ppo_clip, dual_clip, gspo.")
+    agg_mode: str = setting("token-mean", help=(
+        "Loss aggregation (train.algos.AGG_MODES) for the policy, entropy, KL and value losses."))
+    loss_norm_constant: float | None = setting(None, help=(
+        "Constant of agg_mode seq-mean-token-sum-norm; None: max_new_tokens * max_turns."))
+    clip_low: float = setting(0.2, help="Lower clip range of the ratio (1 - clip_low).")
+    clip_high: float = setting(0.2, help="Upper clip range of the ratio (1 + clip_high); 0.28 is DAPO's clip-higher.")
+    clip_c: float = setting(3.0, help="Dual-clip bound c (> 1) of dual_clip.")
+    norm_adv_by_std: bool = setting(True, help="grpo: divide by the group std (False: Dr. GRPO style).")
+    whiten_advantages: bool = setting(True, help="gae: whiten advantages over the batch.")
+    gamma: float = setting(1.0, help=(
+        "Discount over agent tokens (gae, reinforce++), or over turns (gigpo, turn_reinforce, turn_gae)."))
+    lam: float = setting(0.95, help="GAE lambda (gae over tokens, turn_gae over turns).")
+    step_advantage_weight: float = setting(1.0, help=(
+        "gigpo: weight of the step-level advantage (steps of a group that saw the same observation compared) added "
+        "to the episode-level one."))
+    turn_baseline: str = setting("none", help=(
+        "turn_reinforce: what each turn's discounted return is compared with: none, turn (the group's mean at the "
+        "same turn number) or episode (the group's mean episode return)."))
+    group_filter: str | None = added_later(None, before="all", help=(
+        "Which GRPO groups the update learns from (train.algos.GROUP_FILTERS): `outcome_differs` keeps only the "
+        "groups whose samples' success differs (DAPO's dynamic sampling; GiGPO and RAGEN do the same): a group all "
+        "won or all lost has no outcome to learn from, and its shaping differences alone, divided by the group's "
+        "small std, would get a win's weight. `all` keeps every group. None: the algo's default for an estimator "
+        "that compares a group's samples (grpo: outcome_differs; ppo: all), `all` for a token-level one. Each "
+        "iteration records the share of groups with an outcome difference (`outcome_groups`)."))
+    drop_zero_advantage: bool = setting(True, help=(
+        "Leave out of the actor's update the sequences whose advantage is 0 on every token (GRPO groups whose "
+        "samples all scored the same, DAPO's dynamic-sampling filter): they add no policy gradient, but a step on "
+        "them alone would still move the weights by Adam's momentum. An iteration with none left skips the update."))
+    advantage_floor: float | None = setting(None, help=(
+        "Raise every advantage below this to it (None: off). 0 learns only from the samples that did better than "
+        "their baseline: on stored rollouts the policy no longer plays (train_filter), pushing the worse ones down "
+        "moves their probability onto replies the data never shows, whose failures the update never sees (measured "
+        "in the re-score-and-retrain workflow of docs/rewards.md)."))
+    entropy_coef: float = setting(0.0, help="Entropy bonus weight (loss -= entropy_coef * entropy).")
+    kl_coef: float = setting(0.001, help=(
+        "KL(pi || ref) weight, an anchor to the starting policy; > 0 loads a frozen reference model (the starting "
+        "model) and costs one more forward pass per sequence. 0.001 with k3 is verl's GRPO setting (verl-agent's "
+        "GiGPO uses 0.01); 0 turns the anchor off."))
+    kl_estimator: str = setting("k3", help="KL estimator (train.algos.KL_ESTIMATORS): k1, k2, k3, abs.")
+    kl_mode: str = setting("loss", help=(
+        "`loss`: a KL term in the loss (GRPO); `reward`: a per-token penalty on the rewards (PPO-RLHF)."))
+    kl_controller: str = setting("fixed", help="fixed or adaptive (then kl_target and kl_horizon are needed).")
+    kl_target: float | None = setting(None, help="Adaptive controller: the KL it steers to.")
+    kl_horizon: float | None = setting(None, help="Adaptive controller: horizon in sequences.")
+    old_logprobs: str = setting("recompute", help=(
+        "recompute: pi_old is recomputed by the actor before the epochs; behaviour: the stored sampling log-probs "
+        "are pi_old (no extra forward; the ratio is then an importance weight pi / mu)."))
+    is_cap: float | None = setting(None, help=(
+        "With recompute: truncated importance weights min(pi_old / mu, is_cap) from the stored behaviour log-probs "
+        "(off-policy correction of replayed or mismatched rollouts); None: off."))
+    value_loss: str = setting("clipped", help="ppo: value loss (train.algos.VALUE_LOSSES): clipped, mse.")
+    value_clip: float = setting(0.5, help="ppo: clip range of the clipped value loss.")
+    critic_lr: float = setting(1e-5, help="ppo: learning rate of the critic.")
+    critic_warmup: int = setting(0, help="ppo: iterations that train only the critic.")
 
     # ---- optimisation ---------------------------------------------------------------------------------
-    lr: float = 1e-6
-    """Actor learning rate (AdamW). 1e-6 is what AgentGym-RL, GiGPO and RAGEN use to fine-tune full weights with
-    RL: Adam's first steps move every weight by about lr whatever the gradient, so 1e-5 on a noisy batch moves
-    a pretrained policy far (SFT wants more: set it per run)."""
-    lr_warmup_steps: int = added_later(0)
-    """Optimizer steps over which the actor's lr rises linearly to lr (DeepSpeed's WarmupLR: the first step at
-    lr / N, lr from step N on); 0: none, as verl's default. A resume without save_optimizer warms up again."""
-    weight_decay: float = 0.0
-    """AdamW weight decay."""
-    epochs: int = 1
-    """Passes over each iteration's batch."""
-    minibatch_size: int = 16
-    """Sequences per optimizer step, over all processes."""
-    micro_batch: int = operational(4)
-    """Sequences per forward pass per process (micro-batches are length-bucketed, right-padded)."""
-    grad_accum: int | None = operational(None)
-    """Micro-batches per optimizer step per process; None: minibatch_size / (micro_batch * processes).
-    Given, it must agree: minibatch_size = micro_batch * grad_accum * processes."""
-    grad_clip: float = 1.0
-    """Gradient norm clip (0: off)."""
-    zero_stage: int = 0
-    """DeepSpeed ZeRO stage, 0-3."""
-    dtype: str = "fp32"
-    """fp32 or bf16 (DeepSpeed bf16: bf16 weights and activations, fp32 master weights)."""
-    save_optimizer: bool = operational(True)
-    """Also save the DeepSpeed state (optimizer moments; the critic's weights) with each checkpoint, so a
-    resumed run continues exactly; without it a resumed run restarts the optimizer and the critic."""
+    lr: float = setting(1e-6, help=(
+        "Actor learning rate (AdamW). 1e-6 is what AgentGym-RL, GiGPO and RAGEN use to fine-tune full weights with "
+        "RL: Adam's first steps move every weight by about lr whatever the gradient, so 1e-5 on a noisy batch moves "
+        "a pretrained policy far (SFT wants more: set it per run)."))
+    lr_warmup_steps: int = added_later(0, help=(
+        "Optimizer steps over which the actor's lr rises linearly to lr (DeepSpeed's WarmupLR: the first step at lr "
+        "/ N, lr from step N on); 0: none, as verl's default. A resume without save_optimizer warms up again."))
+    weight_decay: float = setting(0.0, help="AdamW weight decay.")
+    epochs: int = setting(1, help="Passes over each iteration's batch.")
+    minibatch_size: int = setting(16, help="Sequences per optimizer step, over all processes.")
+    micro_batch: int = operational(4, help=(
+        "Sequences per forward pass per process (micro-batches are length-bucketed, right-padded)."))
+    grad_accum: int | None = operational(None, help=(
+        "Micro-batches per optimizer step per process; None: minibatch_size / (micro_batch * processes). Given, it "
+        "must agree: minibatch_size = micro_batch * grad_accum * processes."))
+    grad_clip: float = setting(1.0, help="Gradient norm clip (0: off).")
+    zero_stage: int = setting(0, help="DeepSpeed ZeRO stage, 0-3.")
+    dtype: str = setting("fp32", help=(
+        "fp32 or bf16 (DeepSpeed bf16: bf16 weights and activations, fp32 master weights)."))
+    save_optimizer: bool = operational(True, help=(
+        "Also save the DeepSpeed state (optimizer moments; the critic's weights) with each checkpoint, so a resumed "
+        "run continues exactly; without it a resumed run restarts the optimizer and the critic."))
 
     # ---- sft ----------------------------------------------------------------------------------------
-    sft_filter: str = "success"
-    """SQL over episodes columns choosing SFT data, e.g. "success AND policy_id LIKE 'scripted:%'"."""
-    sft_steps: int = operational(100)
-    """SFT optimizer steps."""
-    sft_snapshot: int | None = None
-    """Snapshot SFT reads (None: the latest at start)."""
-    checkpoint_every: int = operational(0)
-    """SFT: checkpoint every N steps (0: only at the end). RL checkpoints every iteration."""
-    log_every: int = operational(10)
-    """SFT: record a train_steps row every N steps."""
-    progress: bool = operational(True)
-    """Show a progress bar with the main metrics."""
-    rollout_engine: str = operational("auto")
-    """What plays the rollouts and held-out evals: `transformers` (the actor itself, in this process), `vllm` (a
-    vLLM engine started once, each new checkpoint loaded into it without a restart; `make setup-vllm` on a CPU),
-    or `auto`: the faster of the two for the run at hand, by a rule from measured speeds (the model's size, the
-    tokens the run generates, whether vLLM is installed: train/rollout_engines.py), printed and recorded with the
-    run (`rollout_engine_chosen`). With replicas > 1, each replica runs the engine."""
-    report_to: tuple[str, ...] = operational(())
-    """Experiment trackers every train_steps row also goes to, under the peers' metric names (train/trackers.py):
-    tensorboard (`<checkpoint_dir>/<run_id>/tensorboard`), wandb (online when logged in, else offline)."""
+    sft_filter: str = setting("success", help=(
+        "SQL over episodes columns choosing SFT data, e.g. \"success AND policy_id LIKE 'scripted:%'\"."))
+    sft_steps: int = operational(100, help="SFT optimizer steps.")
+    sft_snapshot: int | None = setting(None, help="Snapshot SFT reads (None: the latest at start).")
+    checkpoint_every: int = operational(0, help=(
+        "SFT: checkpoint every N steps (0: only at the end). RL checkpoints every iteration."))
+    log_every: int = operational(10, help="SFT: record a train_steps row every N steps.")
+    progress: bool = operational(True, help="Show a progress bar with the main metrics.")
+    rollout_engine: str = operational("auto", help=(
+        "What plays the rollouts and held-out evals: `transformers` (the actor itself, in this process), `vllm` (a "
+        "vLLM engine started once, each new checkpoint loaded into it without a restart; `make setup-vllm` on a "
+        "CPU), or `auto`: the faster of the two for the run at hand, by a rule from measured speeds (the model's "
+        "size, the tokens the run generates, whether vLLM is installed: train/rollout_engines.py), printed and "
+        "recorded with the run (`rollout_engine_chosen`). With replicas > 1, each replica runs the engine."))
+    report_to: tuple[str, ...] = operational((), help=(
+        "Experiment trackers every train_steps row also goes to, under the peers' metric names (train/trackers.py): "
+        "tensorboard (`<checkpoint_dir>/<run_id>/tensorboard`), wandb (online when logged in, else offline)."))
 
     def __post_init__(self):
         # the types first (every rule below compares values), then the numbers' ranges (before any rule

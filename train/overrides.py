@@ -1,10 +1,10 @@
 """Every TrainConfig field is a command-line override, declared once (as the field): `trajlake train`
 (cli/train.py) and `python -m trajlake.train` (train/__main__.py) both make one option per field, in
 declaration order, typed by the field's annotation (a bool is `--x/--no-x`, a tuple field's option repeats) and
-helped by its docstring, as TRL's HfArgumentParser does. Each option has two spellings: the field's dotted name
-in its section (`--kl.coef`, train/config_sections.py, as verl's overrides read) and its flat name
-(`--kl-coef`). An option given replaces the config file's value (`load_config(path, **values)`); one left out
-keeps it.
+helped by its `help=` (kept in the field's metadata), as TRL's HfArgumentParser does. Each option has two
+spellings: the field's dotted name in its section (`--kl.coef`, train/config_sections.py, as verl's overrides
+read) and its flat name (`--kl-coef`). An option given replaces the config file's value
+(`load_config(path, **values)`); one left out keeps it.
 """
 
 from __future__ import annotations
@@ -44,11 +44,11 @@ class Override:
     repeated: bool
     """A tuple field: the option is given once per item (`--report-to a --report-to b`)."""
     help: str
-    """The field's docstring."""
+    """The field's help (`field_docs`)."""
 
 
 def override_specs() -> list[Override]:
-    """Every TrainConfig field as an option, from its annotation and docstring, section by section (in SECTIONS'
+    """Every TrainConfig field as an option, from its annotation and help, section by section (in SECTIONS'
     order; in declaration order within one)."""
     from trajlake.core.config_types import field_docs
     from trajlake.train.config import TrainConfig  # here, not at import: the module imports torch

@@ -13,7 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from trajlake.core.config_types import operational
+from trajlake.core.config_types import operational, setting
 from trajlake.store import runs
 
 
@@ -21,23 +21,18 @@ from trajlake.store import runs
 class ImportConfig:
     """What an import run was made from (stored as the run's config, the keys every import run has had)."""
 
-    importer: str
-    """The importer that read the files (`agentgym`)."""
-    files: tuple[dict[str, Any], ...]
-    """Each input file: its `path`, `sha256` and `rows`. The contents identify the run (the sorted sha256s),
-    not the paths."""
-    tokenizer_fingerprint: str
-    """The tokenizer's fingerprint (collect/chat.py): the stored token ids depend on it."""
-    policy_id: str
-    """The policy the imported episodes are stored as played by."""
-    env: str | None
-    """The env given for every row (else each row's own)."""
-    split: str | None
-    """The split given for every task (else each row's own, or its file's name)."""
-    tokenizer: str = operational("")
-    """Where the tokenizer was loaded from (its folder, or the loaded tokenizer's name)."""
-    chunk_size: int = operational(256)
-    """Episodes per snapshot."""
+    importer: str = setting(help="The importer that read the files (`agentgym`).")
+    files: tuple[dict[str, Any], ...] = setting(help=(
+        "Each input file: its `path`, `sha256` and `rows`. The contents identify the run (the sorted sha256s), not "
+        "the paths."))
+    tokenizer_fingerprint: str = setting(help=(
+        "The tokenizer's fingerprint (collect/chat.py): the stored token ids depend on it."))
+    policy_id: str = setting(help="The policy the imported episodes are stored as played by.")
+    env: str | None = setting(help="The env given for every row (else each row's own).")
+    split: str | None = setting(help="The split given for every task (else each row's own, or its file's name).")
+    tokenizer: str = operational("", help=(
+        "Where the tokenizer was loaded from (its folder, or the loaded tokenizer's name)."))
+    chunk_size: int = operational(256, help="Episodes per snapshot.")
 
     def differences(self, stored: dict[str, Any]) -> list[runs.Difference]:
         """(field, stored value, given value) for each identifying setting this import differs in from the
