@@ -51,13 +51,13 @@ def open_connection(uri: str | None, *, read_only: bool) -> tuple[duckdb.DuckDBP
             raise CatalogError(f"cannot open lake {catalog.raw}: {why}")
     else:
         catalog.prepare()
-    con = extensions.connect(catalog.extensions)
+    con = extensions.acquire(catalog.extensions)
     try:
         if catalog.remote:
             objectstore.configure(con, catalog.data_path)
         # a new PostgreSQL schema made by several processes at once
         catalog = retrying_races(lambda: _attach(con, catalog, read_only=read_only), CatalogError)
     except BaseException:
-        con.close()
+        extensions.release(con, reuse=False)
         raise
     return con, catalog

@@ -9,7 +9,7 @@ import threading
 
 import duckdb
 
-from trajlake.store import objectstore
+from trajlake.store import extensions, objectstore
 from trajlake.store.uri import CatalogURI
 
 #: Transient errors of concurrent writers that a retry resolves.
@@ -39,4 +39,6 @@ class Connection:
         return objectstore.explain(str(error), self.catalog.data_path)
 
     def close(self) -> None:
-        self.con.close()
+        """Close the connection and every cursor made from it; its DuckDB instance, with the extensions loaded,
+        is kept for the next lake this process opens, unless it holds object storage's settings."""
+        extensions.release(self.con, reuse=not self.catalog.remote)

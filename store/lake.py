@@ -70,7 +70,7 @@ class Lake:
             try:  # another process may be creating the same tables right now
                 connect.retrying_races(lambda: migrate.ensure_tables(lake._connection), TrajlakeError)
             except BaseException:
-                con.close()
+                lake.close()
                 raise
         return lake
 
