@@ -16,6 +16,7 @@ from trajlake.store import Lake
 from trajlake.train.algos import (
     ADVANTAGES,
     ALGOS,
+    KL_CONTROLLERS,
     RL_LOOP,
     SFT_LOOP,
     Advantage,
@@ -114,6 +115,48 @@ def test_ppo_trains_with_a_registered_critic_estimator(scratch, model, lake):
     res = train(cfg, lake)
     metrics = lake.query("SELECT metrics->>'critic_vf_loss' AS vf FROM train_steps WHERE run_id = 'mc'")
     assert res.step == 1 and metrics["vf"][0] is not None, "the critic was built and trained"
+
+
+class HalvingKL:
+    """A KL controller registered by a test: the coefficient halves after each update."""
+
+    def __init__(self, kl_coef):
+        self.value = float(kl_coef)
+
+    @classmethod
+    def from_settings(cls, kl_coef, *, target_kl=None, horizon=None):
+        return cls(kl_coef)
+
+    @classmethod
+    def config_problem(cls, config):
+        return None if config.kl_coef > 0 else "kl_controller halving_test needs a starting kl_coef > 0"
+
+    def update(self, current_kl, n_steps):
+        self.value /= 2
+
+    def state_dict(self):
+        return {"value": self.value}
+
+    def load_state_dict(self, state):
+        self.value = float(state["value"])
+
+
+def test_a_kl_controller_is_one_registration(model, lake):
+    """Registered, it is a valid kl_controller, its own rule refuses a config, and the loop follows it."""
+    KL_CONTROLLERS.register("halving_test")(HalvingKL)
+    try:
+        with pytest.raises(ConfigError, match="kl_controller halving_test needs a starting kl_coef > 0"):
+            TrainConfig(model="m", kl_controller="halving_test", kl_coef=0.0)
+        # every row updated (and its KL measured) even where the untrained model's two samples tie
+        train(small_cfg(model, run_id="kl", tasks=2, samples=2, iterations=2, minibatch_size=4, kl_coef=0.04,
+                        kl_controller="halving_test", drop_zero_advantage=False), lake)
+        coefs = lake.query("SELECT (metrics->>'kl_coef')::DOUBLE AS c FROM train_steps WHERE run_id = 'kl' "
+                           "ORDER BY step")["c"].to_list()
+        assert coefs == pytest.approx([0.02, 0.01])
+    finally:
+        KL_CONTROLLERS.unregister("halving_test")
+    with pytest.raises(ConfigError, match="unknown kl_controller 'halving_test'; valid: adaptive, fixed"):
+        TrainConfig(model="m", kl_controller="halving_test", kl_coef=0.04)
 
 
 def test_a_group_estimator_needs_two_samples(scratch):
