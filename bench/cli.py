@@ -6,6 +6,10 @@ Python itself, each a fresh process, alternating, the median of `--repeats`.
 
 The lake is made here (a few hundred episodes by the scripted doors expert, no model), in a temporary folder.
 Issue 37's targets: `sql` within 2x of bare duckdb and under 1 s; `--help` under 0.5 s.
+
+A third row opens the lake again and again in one process, as a recipe, the viewer or a test suite does: trajlake's
+`Lake.open` (read-only) and the count, against the same attach and count on a new DuckDB instance each time (the
+DuckLake extension loaded, and its signature checked, every time), alternating, the median of 5 x `--repeats`.
 """
 
 from __future__ import annotations
@@ -51,6 +55,33 @@ def make_lake(root: Path) -> Path:
     return root / "lake"
 
 
+def reopened(lake: Path, repeats: int) -> tuple[float, float]:
+    """Median seconds of an in-process open + count: trajlake's `Lake.open` against a new instance each time."""
+    from trajlake.store import Lake, extensions
+
+    def ours() -> None:
+        with Lake.open(str(lake), read_only=True) as lk:
+            lk.query(QUERY)
+
+    def new_instance() -> None:
+        con = extensions.connect(("ducklake",))
+        try:
+            con.execute(f"ATTACH 'ducklake:{lake}/catalog.ducklake' AS lake (READ_ONLY, DATA_PATH '{lake}/data')")
+            con.execute("USE lake")
+            con.execute(QUERY).fetchall()
+        finally:
+            con.close()
+
+    times: dict[str, list[float]] = {"ours": [], "new": []}
+    ours()  # the first open of the process loads the extension on either side
+    for _ in range(repeats):
+        for name, side in (("ours", ours), ("new", new_instance)):
+            start = time.perf_counter()
+            side()
+            times[name].append(time.perf_counter() - start)
+    return statistics.median(times["ours"]), statistics.median(times["new"])
+
+
 def measure(repeats: int) -> list[Headline]:
     from trajlake.store.extensions import extension_path
 
@@ -70,6 +101,8 @@ def measure(repeats: int) -> list[Headline]:
         for _ in range(repeats):  # alternating, so a change of load moves every side alike
             for name, argv in sides.items():
                 times[name].append(timed(argv, root))
+        again, new = reopened(lake, 5 * repeats)
+    print(f"reopen  median {again:.3f} s  (a new instance each time: {new:.3f} s)")
     med = {name: statistics.median(ts) for name, ts in times.items()}
     for name, ts in times.items():
         print(f"{name:7s} median {med[name]:.3f} s  (min {min(ts):.3f}, max {max(ts):.3f}, {len(ts)} runs)")
@@ -80,6 +113,9 @@ def measure(repeats: int) -> list[Headline]:
         Headline("cli: --help", "trajlake --help (fresh process)", "python -c pass", med["help"], med["python"], "s",
                  0.0, note=f"target: under 0.5 s; median of {repeats}",
                  extra={"help_s": med["help"]}),
+        Headline("store: a lake opened again in one process, and a count", "Lake.open (read-only) + query",
+                 "a new DuckDB instance each time: DuckLake loaded, attached, the same query", again, new, "s", 1.0,
+                 note=f"the extension loaded once per process; median of {5 * repeats}"),
     ]
 
 
