@@ -100,6 +100,7 @@ def release(con: duckdb.DuckDBPyConnection, *, reuse: bool) -> None:
     next `acquire` of this process when `reuse` (nothing was configured on it beyond attaching: no object-storage
     secret, no extension loaded later) and the lake detaches from it cleanly; otherwise it is closed too."""
     with _pool_lock:
+        _forget_after_fork()  # a lake the parent opened, closed in a forked child: its instance is set aside
         key, instance = _in_use.pop(id(con), ((), None))
     con.close()
     if instance is None:
@@ -126,11 +127,18 @@ def _detached(instance: duckdb.DuckDBPyConnection) -> bool:
         return False
 
 
+#: a forked child's inherited instances, set aside unused and never closed: closing one would join the parent's
+#: DuckDB threads, which the child does not have (a multiprocessing child ends with os._exit, closing nothing)
+_inherited: list[duckdb.DuckDBPyConnection] = []
+
+
 def _forget_after_fork() -> None:
     """In a forked child the parent's idle instances are not this process's to use (DuckDB does not survive a
-    fork): they are dropped, unused."""
+    fork): they are set aside, unused."""
     global _pool_pid
     if os.getpid() != _pool_pid:
+        _inherited.extend(instance for idle in _idle.values() for instance in idle)
+        _inherited.extend(instance for _, instance in _in_use.values())
         _idle.clear()
         _in_use.clear()
         _pool_pid = os.getpid()
