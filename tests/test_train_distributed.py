@@ -1,6 +1,7 @@
-"""Several processes: ZeRO-2 on two processes takes the same step as one process on the same batch, and the
-whole loop runs under DeepSpeed's launcher with the lake on rank 0 only (slow: each process starts torch,
-DeepSpeed and a process group)."""
+"""Several processes: ZeRO-2 and ZeRO-3 on two processes of one node, and on two node ranks launched apart as on
+two machines (DeepSpeed's launcher, `--no_ssh`, the master on the loopback), take the same step as one process on
+the same batch; and the whole loop runs under DeepSpeed's launcher with the lake on rank 0 only (slow: each process
+starts torch, DeepSpeed and a process group)."""
 
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ import pytest
 import torch
 
 from tests.helpers import tiny_model_dir, varied_spec
+from trajlake.collect.envs.agentgym_launch import free_port
 
 ROOT = Path(__file__).resolve().parents[1]
 DIST_VARS = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_SIZE", "MASTER_ADDR", "MASTER_PORT")
@@ -43,7 +45,8 @@ if stage == 3:
 else:
     params = torch.cat([v.float().reshape(-1) for k, v in sorted(eng.actor.module.state_dict().items())])
 if D.is_main():
-    torch.save({"metrics": m, "world": eng.world, "params": params, "old": prep.old_logprobs}, out)
+    torch.save({"metrics": m, "world": eng.world, "params": params, "old": prep.old_logprobs,
+                "nodes": int(os.environ.get("CROSS_SIZE", "1"))}, out)
 """
 
 
@@ -55,36 +58,55 @@ def _env(**extra):
     return env
 
 
-def _launch(nproc: int, script: Path, env: dict) -> None:
-    if nproc == 1:
-        cmd = [sys.executable, str(script)]
-    else:  # torchrun sets RANK/WORLD_SIZE/MASTER_* per process; works with DS_ACCELERATOR=cpu
-        cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}",
-               str(script)]
-    p = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=900)
-    assert p.returncode == 0, p.stdout[-2000:] + p.stderr[-4000:]
+def _deepspeed() -> str | None:
+    return shutil.which("deepspeed", path=str(Path(sys.executable).parent)) or shutil.which("deepspeed")
+
+
+def _launch(how: str, script: Path, env: dict, tmp_path: Path) -> None:
+    """Run `script` as one process, as two processes of one node (torchrun), or as two node ranks, each launched
+    on its own as on two machines (`deepspeed --no_ssh --node_rank R` with the same hostfile and master)."""
+    if how == "one":
+        cmds = [[sys.executable, str(script)]]
+    elif how == "two processes":  # torchrun sets RANK/WORLD_SIZE/MASTER_* per process; works with DS_ACCELERATOR=cpu
+        cmds = [[sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", str(script)]]
+    else:
+        hostfile = tmp_path / "hostfile"
+        hostfile.write_text("node0 slots=1\nnode1 slots=1\n")
+        port = str(free_port())
+        cmds = [[_deepspeed(), "--hostfile", str(hostfile), "--no_ssh", "--node_rank", str(rank), "--master_addr",
+                 "127.0.0.1", "--master_port", port, str(script)] for rank in (0, 1)]
+    procs = [subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+             for cmd in cmds]
+    for p in procs:
+        out, _ = p.communicate(timeout=900)
+        assert p.returncode == 0, out[-5000:]
 
 
 @pytest.mark.parametrize("stage", [2, 3])
-def test_zero_two_processes_match_one(stage, tmp_path_factory, tmp_path):
+def test_zero_two_processes_and_two_nodes_match_one(stage, tmp_path_factory, tmp_path):
+    if _deepspeed() is None:
+        pytest.skip("the deepspeed launcher is not installed")
     model = tiny_model_dir(tmp_path_factory)
     script = tmp_path / "step.py"
     script.write_text(STEP)
     got = {}
-    for n in (1, 2):
-        out = tmp_path / f"out{n}.pt"
-        _launch(n, script, _env(T_MODEL=str(model), T_OUT=str(out), T_STAGE=str(stage)))
-        got[n] = torch.load(out, weights_only=True)  # the test's own tensors and numbers
-    one, two = got[1], got[2]
-    assert one["world"] == 1 and two["world"] == 2
-    for k in ("loss", "pg_loss", "grad_norm", "entropy", "pg_clipfrac", "ppo_kl"):
-        assert two["metrics"][k] == pytest.approx(one["metrics"][k], rel=1e-4, abs=1e-6), k
-    assert torch.allclose(one["old"], two["old"], atol=1e-5)  # old log-probs, computed in shares, gathered
-    assert torch.allclose(one["params"], two["params"], atol=1e-4)  # Adam amplifies rounding of tiny grads
+    for how in ("one", "two processes", "two nodes"):
+        out = tmp_path / f"{how.replace(' ', '-')}.pt"
+        _launch(how, script, _env(T_MODEL=str(model), T_OUT=str(out), T_STAGE=str(stage)), tmp_path)
+        got[how] = torch.load(out, weights_only=True)  # the test's own tensors and numbers
+    one = got["one"]
+    assert one["world"] == 1 and got["two processes"]["world"] == 2 and got["two nodes"]["world"] == 2
+    assert got["two nodes"]["nodes"] == 2, "the launcher saw two node ranks"
+    for how in ("two processes", "two nodes"):
+        two = got[how]
+        for k in ("loss", "pg_loss", "grad_norm", "entropy", "pg_clipfrac", "ppo_kl"):
+            assert two["metrics"][k] == pytest.approx(one["metrics"][k], rel=1e-4, abs=1e-6), (how, k)
+        assert torch.allclose(one["old"], two["old"], atol=1e-5), how  # old log-probs, computed in shares
+        assert torch.allclose(one["params"], two["params"], atol=1e-4), how  # Adam amplifies tiny rounding
 
 
 def test_the_loop_under_the_deepspeed_launcher(tmp_path_factory, tmp_path):
-    launcher = shutil.which("deepspeed", path=str(Path(sys.executable).parent)) or shutil.which("deepspeed")
+    launcher = _deepspeed()
     if launcher is None:
         pytest.skip("the deepspeed launcher is not installed")
     model = tiny_model_dir(tmp_path_factory)
