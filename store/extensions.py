@@ -121,7 +121,7 @@ def _detached(instance: duckdb.DuckDBPyConnection) -> bool:
         attached = [r[0] for r in instance.execute("SELECT database_name FROM duckdb_databases()").fetchall()
                     if r[0] not in _BUILT_IN_DATABASES]
         for name in attached:
-            instance.execute(f'DETACH DATABASE "{name}"')
+            instance.execute(f'DETACH DATABASE "{name.replace(chr(34), chr(34) * 2)}"')  # quoted as an identifier
         return not instance.execute("SELECT count(*) FROM duckdb_secrets()").fetchone()[0]
     except duckdb.Error:
         return False
