@@ -8,10 +8,13 @@ own episode, never the run).
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from collections import Counter
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
+
+from trajlake.core.errors import TrajlakeError
 
 
 @dataclass
@@ -47,6 +50,10 @@ class EnvPool(ABC):
 
     def close(self) -> None:
         pass
+
+    def nodes(self) -> list[str]:
+        """The Ray node id of each env worker (none: the envs live in this process)."""
+        return []
 
 
 class LocalEnvPool(EnvPool):
@@ -91,30 +98,73 @@ class LocalEnvPool(EnvPool):
 
 
 class RayEnvPool(EnvPool):
-    """Envs on `workers` Ray actors (slot i on actor i % workers), stepped concurrently."""
+    """Envs on `workers` Ray actors, spread over the cluster's nodes and stepped concurrently.
+
+    An episode stays on the actor that reset its env (the env's state lives there); a new one goes to the live
+    actor holding the fewest. A lost actor (a killed worker, a lost node) ends only the episodes it held, each
+    with an env error that a re-run of the same command retries; with every actor lost the run fails, keeping
+    what it finished."""
 
     def __init__(self, factory: Callable[[], Any], workers: int):
         from trajlake.collect.ray_init import ensure_ray
 
         self.ray = ray = ensure_ray(workers)
-        actor = ray.remote(num_cpus=0)(_EnvHost)
+        actor = ray.remote(num_cpus=0, scheduling_strategy="SPREAD")(_EnvHost)
         self.actors = [actor.remote(factory) for _ in range(workers)]
+        self.alive = list(range(workers))
+        self.home: dict[int, int] = {}  # slot -> the actor holding its env
+        self.lost: dict[int, str] = {}  # a lost actor -> what Ray said of it
 
-    def _actor(self, slot: int):
-        return self.actors[slot % len(self.actors)]
+    def nodes(self) -> list[str]:
+        """The Ray node id of each live actor."""
+        return self.ray.get([self.actors[i].node.remote() for i in self.alive])
+
+    def _place(self, slot: int) -> int:
+        if not self.alive:
+            raise TrajlakeError(f"every env worker ({len(self.actors)}) died; re-run the same command to resume "
+                                "the run")
+        held = Counter(self.home.values())
+        self.home[slot] = min(self.alive, key=lambda i: (held[i], i))
+        return self.home[slot]
+
+    def _answers(self, calls: list[tuple[int, Any]]) -> list[Any]:
+        """Each (actor, call) pair's answer, or an env error where its actor is lost."""
+        out = []
+        for i, ref in calls:
+            if i in self.alive:
+                try:
+                    out.append(self.ray.get(ref))
+                    continue
+                except self.ray.exceptions.RayActorError as e:
+                    self.alive.remove(i)
+                    self.lost[i] = type(e).__name__
+            out.append(Outcome(done=True, error=f"env worker {i} lost ({self.lost[i]}): its episodes end here and "
+                                                "a re-run retries them"))
+        return out
 
     def reset(self, items):
-        return self.ray.get([self._actor(s).reset.remote(s, t) for s, t in items])
+        calls = []
+        for s, t in items:
+            i = self._place(s)
+            calls.append((i, self.actors[i].reset.remote(s, t)))
+        return self._answers(calls)
 
     def step_many(self, items):
-        return self.ray.get([self._actor(s).step.remote(s, a) for s, a in items])
+        calls = []
+        for s, a in items:
+            i = self.home[s]
+            calls.append((i, self.actors[i].step.remote(s, a) if i in self.alive else None))
+        return self._answers(calls)
 
     def release(self, slot: int) -> None:
-        self._actor(slot).release.remote(slot)
+        i = self.home.pop(slot, None)
+        if i in self.alive:
+            self.actors[i].release.remote(slot)
 
     def close(self) -> None:
-        for a in self.actors:
-            self.ray.kill(a)
+        for i in self.alive:
+            self.ray.kill(self.actors[i])
+        self.alive = []
 
 
 class _EnvHost(LocalEnvPool):
@@ -125,3 +175,8 @@ class _EnvHost(LocalEnvPool):
 
     def step(self, slot, action):
         return self._step(slot, action)
+
+    def node(self) -> str:
+        import ray
+
+        return ray.get_runtime_context().get_node_id()

@@ -31,6 +31,11 @@ class CollectProgress:
     def __exit__(self, *exc):
         self.bar.__exit__(*exc)
 
+    def note(self, markup: str) -> None:
+        """One line beside the progress (rich markup), when progress is shown."""
+        if self.enabled:
+            self.bar.print(markup)
+
     @property
     def rate(self) -> float | None:
         """Success rate over the episodes that did not end in an env error (None before the first)."""

@@ -203,6 +203,8 @@ class Rollout:
         try:
             self.policy.reset_rng(self.config.seed)  # in the try: a policy failing here fails the run too
             with bar:
+                if placed := self.placement():
+                    bar.note(f"on Ray: {placed}")
                 while pending or live:
                     self._start(pending, free, live, bar)
                     if live:
@@ -225,6 +227,15 @@ class Rollout:
         if status == "failed":
             raise EnvErrorsOnly(self.run_id, errors)
         return self.run_id
+
+    def placement(self) -> str:
+        """Where this run's Ray actors live, as one line ("" when nothing runs on Ray)."""
+        parts = []
+        for what, nodes in (("policy replicas", self.policy.nodes()), ("env workers", self.pool.nodes())):
+            if nodes:
+                n = len(set(nodes))
+                parts.append(f"{len(nodes)} {what} on {n} node{'s' if n > 1 else ''}")
+        return ", ".join(parts)
 
     def _start(self, pending: deque, free: deque, live: dict[int, _Live], bar) -> None:
         starting = []

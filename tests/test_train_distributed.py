@@ -47,6 +47,9 @@ else:
 if D.is_main():
     torch.save({"metrics": m, "world": eng.world, "params": params, "old": prep.old_logprobs,
                 "nodes": int(os.environ.get("CROSS_SIZE", "1"))}, out)
+# every rank leaves together, as the train loop's iterations end: a rank that tore its group down while the
+# other still saved aborted now and then on a loaded machine ("terminate called without an active exception")
+D.barrier()
 """
 
 

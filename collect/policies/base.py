@@ -88,3 +88,7 @@ class Policy(ABC):
 
     def close(self) -> None:
         """Release the model or connection."""
+
+    def nodes(self) -> list[str]:
+        """The Ray node id of each copy of the policy running on Ray actors (none: it runs in this process)."""
+        return []

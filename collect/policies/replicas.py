@@ -66,6 +66,11 @@ class _Replica:
     def pid(self) -> int:
         return os.getpid()
 
+    def node(self) -> str:
+        import ray
+
+        return ray.get_runtime_context().get_node_id()
+
 
 class ReplicatedPolicy(Policy):
     """`replicas` copies of the model policy `spec` (`hf:PATH` or `vllm:PATH`) on Ray actors."""
@@ -94,6 +99,9 @@ class ReplicatedPolicy(Policy):
         self.home: dict[str, int] = {}  # episode key -> its replica
         self.ray.get([a.pid.remote() for a in self.actors])  # fail here, not mid-run, if a replica cannot load
         self.retried = 0  # requests sent again after their replica died
+
+    def nodes(self) -> list[str]:
+        return self.ray.get([self.actors[i].node.remote() for i in self.alive])
 
     def _load(self, i: int) -> int:
         return sum(1 for r in self.home.values() if r == i)
