@@ -98,7 +98,7 @@ class LocalEnvPool(EnvPool):
 
 
 class RayEnvPool(EnvPool):
-    """Envs on `workers` Ray actors, spread over the cluster's nodes and stepped concurrently.
+    """Envs on `workers` Ray actors, dealt round the cluster's nodes and stepped concurrently.
 
     An episode stays on the actor that reset its env (the env's state lives there); a new one goes to the live
     actor holding the fewest. A lost actor (a killed worker, a lost node) ends only the episodes it held, each
@@ -109,8 +109,16 @@ class RayEnvPool(EnvPool):
         from trajlake.collect.ray_init import ensure_ray
 
         self.ray = ray = ensure_ray(workers)
-        actor = ray.remote(num_cpus=0, scheduling_strategy="SPREAD")(_EnvHost)
-        self.actors = [actor.remote(factory) for _ in range(workers)]
+        from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+        # Dealt round the cluster's live nodes by hand: an actor asking for no resources lands on the driver's
+        # own node under SPREAD and under a soft node affinity alike (both left every env worker on one node of
+        # a three-node cluster), and asking for any CPU share would wait behind replicas holding every CPU.
+        nodes = sorted(n["NodeID"] for n in ray.nodes() if n["Alive"])
+        actor = ray.remote(num_cpus=0)(_EnvHost)
+        self.actors = [actor.options(scheduling_strategy=NodeAffinitySchedulingStrategy(nodes[i % len(nodes)],
+                                                                                       soft=False)).remote(factory)
+                       for i in range(workers)]
         self.alive = list(range(workers))
         self.home: dict[int, int] = {}  # slot -> the actor holding its env
         self.lost: dict[int, str] = {}  # a lost actor -> what Ray said of it

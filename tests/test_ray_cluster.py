@@ -110,7 +110,7 @@ def test_a_three_node_cluster_loses_a_node_mid_run_and_the_resumed_run_loses_and
         policy = ReplicatedPolicy(f"hf:{model}", 3)
         homes = policy.nodes()
         assert len(set(homes)) == 3, "SPREAD: one replica on each node"
-        victim = next(n for n in others if n.unique_id in homes)
+        victim = next(n for n in others if n.node_id in homes)
         generate = policy.generate
         calls = {"n": 0}
 
