@@ -12,6 +12,9 @@ import pytest
 
 from trajlake.store import Lake
 
+#: fixtures of their own modules, for every test module: the local S3 server (s3_server, s3)
+pytest_plugins = ["tests.s3_server"]
+
 #: libpq conninfo of the PostgreSQL server the postgres-backend tests use.
 PG_ENV = "TRAJLAKE_TEST_PG"
 PG_DEFAULT = "dbname=test host=127.0.0.1 user=postgres"

@@ -1,15 +1,21 @@
 """Collection on Ray past one process: env workers that die mid-run end only their own episodes, which a re-run
-retries; and a real three-node Ray cluster on this machine (`ray.cluster_utils.Cluster`: a head and two more
-nodes, each its own raylet) holds policy replicas and env workers on several nodes, loses one node mid-run, and
-the run, resumed, stores every (task, sample) once, as one process plays it (slow: Ray nodes and actors start in
-5-40 s each on 2 cores)."""
+retries; a real three-node Ray cluster on this machine (`ray.cluster_utils.Cluster`: a head and two more nodes,
+each its own raylet) holds policy replicas and env workers on several nodes, loses one node mid-run, and the run,
+resumed, stores every (task, sample) once, as one process plays it; and collectors on two of its nodes fill one
+PostgreSQL-catalog lake on object storage (a local S3 server) at the same time, with nothing lost or stored twice
+(slow: Ray nodes and actors start in 5-40 s each on 2 cores)."""
 
 from __future__ import annotations
 
+import os
+import time
 from dataclasses import replace
+from pathlib import Path
 
+import polars as pl
 import pytest
 
+from tests.conftest import pg_conninfo
 from tests.helpers import tiny_model_dir
 from trajlake.collect.config import CollectConfig
 from trajlake.collect.envpool import RayEnvPool
@@ -138,3 +144,51 @@ def test_a_three_node_cluster_loses_a_node_mid_run_and_the_resumed_run_loses_and
     finally:
         ray.shutdown()
         cluster.shutdown()
+
+
+def _collector(uri: str, config: CollectConfig) -> dict:
+    """A collect command on a Ray node (as `trajlake --lake URI collect ...` run there): where it ran and
+    when."""
+    start = time.time()
+    with Lake.open(uri) as lake:
+        collect(config, lake)
+    return {"node": ray.get_runtime_context().get_node_id(), "start": start, "end": time.time()}
+
+
+def test_collectors_on_two_nodes_fill_one_postgres_lake_on_object_storage_at_once(model, s3, pg_schema):
+    from ray.cluster_utils import Cluster
+    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+    bucket = s3.bucket()
+    uri = f"postgres:{pg_conninfo()} metadata_schema={pg_schema} data_path=s3://{bucket}/lake/"
+    env = {k: os.environ[k] for k in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_REGION",
+                                      "AWS_ENDPOINT_URL")}
+    # many small commits from each: every 4 turns a chunk, so the two collectors' commits interleave
+    config = CollectConfig(env="maze", policy="scripted:maze", tokenizer=str(model), tasks=6, samples=2,
+                           max_turns=12, concurrency=4, chunk_turns=4, progress=False)
+    cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 1})
+    try:
+        nodes = [cluster.add_node(num_cpus=1) for _ in range(2)]
+        cluster.wait_for_nodes()
+        # the job's workers get the object store's credentials as a collector's machine would have them, and
+        # this test's folder to import _collector from
+        ray.init(address=cluster.address, log_to_driver=False,
+                 runtime_env={"env_vars": {**env, "PYTHONPATH": str(Path(__file__).resolve().parents[1])}})
+        runs = [ray.remote(num_cpus=0, scheduling_strategy=NodeAffinitySchedulingStrategy(node.node_id, soft=False))(
+            _collector).remote(uri, replace(config, run_id=f"shard-{i}", task_offset=6 * i))
+            for i, node in enumerate(nodes)]
+        done = ray.get(runs, timeout=300)
+    finally:
+        ray.shutdown()
+        cluster.shutdown()
+    assert {d["node"] for d in done} == {n.node_id for n in nodes}, "one collector on each of two nodes"
+    assert done[0]["start"] < done[1]["end"] and done[1]["start"] < done[0]["end"], "the two ran at once"
+    with Lake.open(uri) as lake:
+        got = lake.query("SELECT count(*) AS episodes, count(DISTINCT episode_id) AS ids, count(DISTINCT (task_id, "
+                         "sample_index)) AS pairs, count(DISTINCT run_id) AS runs, sum(num_turns) AS turns "
+                         "FROM episodes").row(0, named=True)
+        assert got["episodes"] == got["ids"] == got["pairs"] == 24 and got["runs"] == 2, "none lost, none twice"
+        assert lake.query("SELECT count(*) FROM turns").item() == got["turns"]
+        chunks = lake.snapshots(changes=False).filter(pl.col("message").str.starts_with("collect: "))
+    assert chunks.group_by("run_id").len()["len"].min() >= 2, "each collector committed in several chunks"
+    assert any(k.endswith(".parquet") for k in s3.keys(bucket, "lake/")), "the data is in the bucket"
