@@ -145,6 +145,16 @@ class TrainConfig(RolloutConfig):
     replay_filter: str | None = setting(None, help=(
         'SQL over episodes columns narrowing the replay pool (e.g. "success"); None: every rollout in it.'))
 
+    # ---- asynchronous rollouts --------------------------------------------------------------------------
+    async_collectors: int = added_later(0, help=(
+        "0: each iteration collects, then trains (the synchronous loop). N: N collector processes (Ray actors) "
+        "keep playing the newest policy stored in `policies` into the lake while the learner trains on the groups "
+        "they stored (train/sources/asynchronous.py); needs a sqlite: or postgres: lake, and the ratio taken "
+        'against the behaviour log-probs (old_logprobs = "behaviour" or is_cap).'))
+    async_staleness: int = added_later(1, help=(
+        "Async: the learner trains only on groups played by a policy at most this many steps older than the one it "
+        "updates; older ones are skipped (the stale_groups metric)."))
+
     # ---- the update ----------------------------------------------------------------------------------
     advantage: str | None = setting(None, help=(
         "Advantage estimator (train.algos.ADVANTAGES); None: grpo for grpo, gae for ppo."))

@@ -113,6 +113,7 @@ def check_train_config(c: CheckedConfig) -> None:
                           "ratio is the importance weight)")
     _check_advantage(c, adv)
     _check_stored_data(c)
+    _check_async(c)
     _check_horizon(c)
     _check_env(c)
     if c.turn_baseline not in reg.TURN_BASELINES:
@@ -262,6 +263,33 @@ def _check_stored_data(c: CheckedConfig) -> None:
                           f"{_algos_of(reg.RL_LOOP, 'and')}")
     if not _corrects_off_policy(c):
         raise ConfigError("train config: train_filter trains on rollouts other policies played: take the ratio "
+                          "against their behaviour log-probs with old_logprobs = \"behaviour\", or truncated "
+                          "importance weights with is_cap (e.g. 2.0)")
+
+
+def _check_async(c: CheckedConfig) -> None:
+    """The async collectors' rules: RL on fresh rollouts that the collectors play on their own, corrected for
+    the policies that played them."""
+    if c.async_collectors < 0 or c.async_staleness < 0:
+        raise ConfigError(f"train config: async_collectors and async_staleness must be >= 0, got "
+                          f"{c.async_collectors} and {c.async_staleness}")
+    if c.async_collectors == 0:
+        return
+    from trajlake.train.task_select import is_query
+    clashes = [(c.train_filter is not None, "train_filter (the episodes are stored already)"),
+               (_supervised(c), f"algo {c.algo} (it trains on sft_filter)"),
+               (c.replay_ratio > 0, "replay_ratio (every async group is an earlier policy's already)"),
+               (c.sampling_rounds > 1 or c.min_outcome_groups > 0, "dynamic sampling (sampling_rounds, "
+                                                                    "min_outcome_groups)"),
+               (c.replicas > 1, "replicas (each collector is one copy of the policy)"),
+               (is_query(c.task_selector), f"task_selector {c.task_selector} (the collectors take the split's "
+                                           "blocks in turn)"),
+               (c.horizon_start > 0, "the horizon curriculum (horizon_start)")]
+    for clash, what in clashes:
+        if clash:
+            raise ConfigError(f"train config: async_collectors plays rollouts beside the learner: not with {what}")
+    if not _corrects_off_policy(c):
+        raise ConfigError("train config: async_collectors trains on rollouts of earlier policies: take the ratio "
                           "against their behaviour log-probs with old_logprobs = \"behaviour\", or truncated "
                           "importance weights with is_cap (e.g. 2.0)")
 

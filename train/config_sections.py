@@ -30,6 +30,8 @@ SECTIONS: dict[str, tuple[str, tuple[str, ...]]] = {
              ("eval_every", "eval_split", "eval_tasks", "stop_on_regression")),
     "data": ("stored rollouts trained on instead of (or beside) fresh ones",
              ("train_filter", "train_snapshot", "replay_ratio", "replay_staleness", "replay_filter")),
+    "async": ("rollouts that collector processes play beside the learner, which trains on what they stored",
+              ("async_collectors", "async_staleness")),
     "algorithm": ("advantages, the policy loss and what it keeps",
                   ("advantage", "policy_loss", "agg_mode", "loss_norm_constant", "clip_low", "clip_high", "clip_c",
                    "norm_adv_by_std", "whiten_advantages", "gamma", "lam", "step_advantage_weight", "turn_baseline",

@@ -13,6 +13,7 @@ collect run id, which resumes instead of replaying what is stored.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import time
 from dataclasses import dataclass, field
@@ -31,6 +32,7 @@ from trajlake.train.eval_guard import EvalPoint, eval_points, regression, stoppe
 from trajlake.train.finite import NonFiniteError
 from trajlake.train.progress import NoSignalStreak, TrainProgress
 from trajlake.train.sources import IterationEpisodes
+from trajlake.train.sources.asynchronous import AsyncRollouts, check_async_lake
 from trajlake.train.sources.evaluation import eval_config, evaluate
 from trajlake.train.sources.fresh import FreshRollouts, choose_rollout_engine, rollout_config
 from trajlake.train.sources.stored import StoredRollouts
@@ -64,9 +66,10 @@ def train(config: TrainConfig, lake: Lake | None) -> RunResult:
         engines = r.build(critic=algo.needs_critic, ref=algo.needs_reference(c))
         kl_ctl, data = _start_rl(r, engines, spec)
         result = RunResult(r.run_id, r.policy_id, r.step)
-        source = StoredRollouts(r, data, spec) if data is not None else FreshRollouts(r, engines, spec)
+        source = rollout_source(r, engines, spec, data)
         streak = NoSignalStreak(c.temperature)
-        with TrainProgress(c.iterations, enabled=c.progress and r.main, run_id=r.run_id, done=r.step) as bar:
+        with source_closed(source), TrainProgress(c.iterations, enabled=c.progress and r.main, run_id=r.run_id,
+                                                  done=r.step) as bar:
             if r.step == 0 and c.eval_every:
                 m = evaluate(r, engines, r.policy_id, r.model_path, 0)
                 if r.main:
@@ -81,6 +84,25 @@ def train(config: TrainConfig, lake: Lake | None) -> RunResult:
                 result.history.append(metrics)
                 bar.update(r.step, metrics)
     return result
+
+
+def rollout_source(r: TrainRun, engines, spec, data):
+    """Where the iterations' episodes come from: the stored ones of train_filter, the async collectors' (the
+    collectors start here), or each iteration's own fresh rollouts."""
+    if data is not None:
+        return StoredRollouts(r, data, spec)
+    if r.cfg.async_collectors:
+        return AsyncRollouts(r, spec)
+    return FreshRollouts(r, engines, spec)
+
+
+@contextlib.contextmanager
+def source_closed(source):
+    """`source`, closed when the run ends however it ends (the async collectors stop playing)."""
+    try:
+        yield source
+    finally:
+        source.close()
 
 
 def _start_rl(r: TrainRun, engines, spec) -> tuple[Any, Any]:
@@ -161,6 +183,8 @@ def check_before_writing(r: TrainRun, spec) -> None:
         on_main(r.main, lambda: check_train_filter(r.lake, c))
     if c.replay_filter:
         on_main(r.main, lambda: check_episode_filter(r.lake, c.replay_filter, field="replay_filter"))
+    if c.async_collectors:
+        on_main(r.main, lambda: check_async_lake(r.lake))
     if ADVANTAGES[c.advantage_name].turn_level and ALLOCATIONS[spec.allocation.strategy].discounts:
         raise ConfigError(f"train config: advantage {c.advantage_name} discounts across turns itself (gamma); the "
                           f"reward_spec {spec.name} discounts them in its allocation too: use allocation last_token "
@@ -178,7 +202,8 @@ def iteration_metrics(it: int, batch, update: dict[str, float], got: IterationEp
             "success_mean": float(batch.success.float().mean()), "agent_tokens": agent_tokens,
             "collect_s": collect_s, "update_s": update_s,
             "rollout_tokens_per_s": agent_tokens / max(collect_s, 1e-9), **update,
-            "episodes_where": got.where, "replayed": got.replayed / len(got.seqs), "sampling_rounds": got.rounds}
+            "episodes_where": got.where, "replayed": got.replayed / len(got.seqs), "sampling_rounds": got.rounds,
+            **got.metrics}
 
 
 def sft(config: TrainConfig, lake: Lake | None) -> RunResult:

@@ -212,6 +212,9 @@ class FreshRollouts:
                 break
         return _runs_filter(run_ids), len(run_ids)
 
+    def close(self) -> None:
+        """Nothing to end: the rollout engine is the run's own (TrainRun closes it)."""
+
 
 def _runs_filter(run_ids: list[str]) -> str:
     if len(run_ids) == 1:

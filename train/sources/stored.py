@@ -111,5 +111,8 @@ class StoredRollouts:
         seqs = load_episodes(self.run.lake, where, snapshot=self.data.snapshot, spec_id=self.spec.spec_id)
         return IterationEpisodes(self.data.snapshot, where, seqs, len(seqs))
 
+    def close(self) -> None:
+        """Nothing to end: the episodes were stored before the run."""
+
 
 __all__ = ["GROUPS_SQL", "StoredData", "StoredRollouts", "check_train_filter", "stored_data"]
