@@ -80,17 +80,20 @@ def _cell(t: tuple) -> str:
 
 
 def run(cfg: DemoConfig, seeds: int, model: Path | None = None, out: Path | None = None,
-        first_seed: int = 0) -> pl.DataFrame:
+        first_seed: int = 0, catalog: str = "duckdb") -> pl.DataFrame:
     """Seeds first_seed .. first_seed + seeds - 1 of the recipe; `out` keeps each seed's lake and checkpoints
-    (`lake-SEED`, `ckpt-SEED`), so seeds run as separate processes share one folder."""
+    (`lake-SEED`, `ckpt-SEED`), so seeds run as separate processes share one folder. `catalog`: the seeds' lakes
+    are DuckDB folders, or SQLite catalogs (`lake-SEED.sqlite`), which other processes may write too (GRPO's
+    async collectors)."""
     with tempfile.TemporaryDirectory(prefix="trajlake-learning-") as tmp:
         root = out or Path(tmp)
         model = model or build_model(root / "models", cfg.model)
         rows = []
         for seed in range(first_seed, first_seed + seeds):
             t0 = time.perf_counter()
-            s = one_seed(replace(cfg, seed=seed, lake=str(root / f"lake-{seed}"), checkpoints=root / f"ckpt-{seed}",
-                                 data=None, progress=False), model)
+            lake = f"sqlite:{root / f'lake-{seed}.sqlite'}" if catalog == "sqlite" else str(root / f"lake-{seed}")
+            s = one_seed(replace(cfg, seed=seed, lake=lake, checkpoints=root / f"ckpt-{seed}", data=None,
+                                 progress=False), model)
             r, t = s["result"], s["result"].seconds
             console.print(f"seed {seed}: expert {r.expert_success:.2f}, SFT val by step {r.val_by_step}, plateau "
                           f"step {r.plateau_step}; test start {s['start'][0]:.2f}, SFT {s['sft'][0]:.2f} -> RL "
@@ -185,11 +188,14 @@ def main(argv: list[str] | None = None) -> int:
                    "as processes with --first-seed 0, 1, 2 and --seeds 1, sharing --out")
     p.add_argument("--model", default="tiny", help="tiny (default, built), smollm2 (make setup-smollm2 first), or "
                    "the folder of a model")
+    p.add_argument("--catalog", choices=("duckdb", "sqlite"), default="duckdb", help="each seed's lake: a DuckDB "
+                   "folder (default) or a SQLite catalog, which other processes may write too (--train "
+                   "async_collectors=N needs one)")
     p.add_argument("--out", type=Path, default=None, help="keep each seed's lake and checkpoints in this folder "
                    "(default: a temporary folder, removed)")
     args = vars(p.parse_args(argv))
     seeds, out, url, model = args.pop("seeds"), args.pop("out"), args.pop("env_url"), args.pop("model")
-    first_seed = args.pop("first_seed")
+    first_seed, catalog = args.pop("first_seed"), args.pop("catalog")
     folder = Path(model) if (Path(model) / "config.json").is_file() else None
     if folder is None:
         args["model"] = model  # a name DemoConfig checks
@@ -206,7 +212,7 @@ def main(argv: list[str] | None = None) -> int:
         logs = out or Path("reports") / "learning"
         with env_server(args["env"], url, logs) as server:
             cfg = DemoConfig(**layered(*layers, chosen, {"sft": sft, "grpo": grpo, "env_url": server}))
-            run(cfg, seeds, folder, out, first_seed)
+            run(cfg, seeds, folder, out, first_seed, catalog)
     except TrajlakeError as e:
         print(f"error: {e}", file=sys.stderr)
         return 1

@@ -6,6 +6,8 @@ chunk, a chunk being one collect run `<run_id>/async-<a>-<k>` of `tasks` tasks x
 block of tasks), its episodes tagged with the policy that played them. The learner (the train loop, with this
 source) trains each iteration on the `tasks` oldest complete groups it has not trained on whose policy is at
 most `async_staleness` steps behind the one it updates; older groups are skipped and counted (`stale_groups`).
+A collector waits while BACKLOG_ITERATIONS iterations' worth of fresh groups lie unused, so that it neither
+plays what would go stale nor takes the cores from the learner for nothing.
 The update's ratio is taken against the stored behaviour log-probs (old_logprobs = "behaviour", or is_cap):
 the importance correction for rows an older policy played.
 
@@ -33,6 +35,8 @@ from trajlake.train.train_run import TrainRun
 POLL_S = 0.5
 #: how many times Ray restarts a collector that died (a killed process, a lost node) before the run fails
 COLLECTOR_RESTARTS = 3
+#: the collectors wait while this many iterations' worth of fresh groups lie unused: more would only go stale
+BACKLOG_ITERATIONS = 2
 
 #: the groups of the run's collectors that the learner has not trained on: complete (`samples` episodes, none
 #: ended in an env error), each with the oldest policy step among its episodes (0: the start policy), oldest first
@@ -81,9 +85,20 @@ class _Collector:
         self.cfg, self.index, self.collectors, self.start_policy = config, index, collectors, start_policy
 
     def run(self) -> None:
-        """Play until killed (the learner's end, or its process gone)."""
+        """Play until killed (the learner's end, or its process gone), waiting while the learner has plenty."""
         while True:
+            while self.backlog() >= BACKLOG_ITERATIONS * self.cfg.tasks:
+                time.sleep(POLL_S)
             self.play(self.next_chunk())
+
+    def backlog(self) -> int:
+        """The complete groups the learner has not used that are fresh enough for its next update."""
+        c = self.cfg
+        newest = self.lake.query(f"SELECT coalesce(max(step), 0) AS n FROM policies WHERE run_id = "
+                                 f"{sql_str(c.run_id)}")["n"][0]
+        rows = self.lake.query(UNUSED_GROUPS_SQL.format(run=sql_str(c.run_id), prefix=sql_str(chunk_prefix(c.run_id)),
+                                                        samples=int(c.samples)))
+        return sum(1 for _, v in rows.iter_rows() if v >= newest - c.async_staleness)
 
     def next_chunk(self) -> int:
         """The number after this collector's stored chunks (a restarted collector never replays one)."""
