@@ -4,8 +4,9 @@ N collector processes (Ray actors, over the cluster's nodes where `RAY_ADDRESS` 
 policy of the run stored in `policies` (the start policy until the first checkpoint). Each plays chunk after
 chunk, a chunk being one collect run `<run_id>/async-<a>-<k>` of `tasks` tasks x `samples` (the split's next
 block of tasks), its episodes tagged with the policy that played them. The learner (the train loop, with this
-source) trains each iteration on the `tasks` oldest complete groups it has not trained on whose policy is at
-most `async_staleness` steps behind the one it updates; older groups are skipped and counted (`stale_groups`).
+source) trains each iteration on the `tasks` complete groups it has not trained on that were played first,
+among those whose policy is at most `async_staleness` steps behind the one it updates; older groups are skipped
+and counted (`stale_groups`).
 A collector waits while BACKLOG_ITERATIONS iterations' worth of fresh groups lie unused, so that it neither
 plays what would go stale nor takes the cores from the learner for nothing.
 The update's ratio is taken against the stored behaviour log-probs (old_logprobs = "behaviour", or is_cap):
@@ -39,10 +40,11 @@ COLLECTOR_RESTARTS = 3
 BACKLOG_ITERATIONS = 2
 
 #: the groups of the run's collectors that the learner has not trained on: complete (`samples` episodes, none
-#: ended in an env error), each with the oldest policy step among its episodes (0: the start policy), oldest first
+#: ended in an env error), each with the oldest policy step among its episodes (0: the start policy), in the order
+#: they were played (first in, first out: taking the newest policy's first ended lower on doors, bench/README.md)
 UNUSED_GROUPS_SQL = """
 WITH played AS (
-    SELECT e.episode_id, coalesce(e.group_id, e.episode_id) AS g, e.status,
+    SELECT e.episode_id, coalesce(e.group_id, e.episode_id) AS g, e.status, e.finished_at,
            CASE WHEN p.run_id = {run} THEN coalesce(p.step, 0) ELSE 0 END AS version
     FROM episodes e LEFT JOIN policies p USING (policy_id)
     WHERE starts_with(e.run_id, {prefix})
@@ -52,7 +54,7 @@ WITH played AS (
 SELECT g, min(version) AS version FROM played
 WHERE episode_id NOT IN (SELECT episode_id FROM used)
 GROUP BY g HAVING count(*) = {samples} AND bool_and(status IS DISTINCT FROM 'error')
-ORDER BY min(episode_id)
+ORDER BY max(finished_at), g
 """
 
 
@@ -166,7 +168,7 @@ class AsyncRollouts:
                                     "re-run the train run to resume it") from None
 
     def unused_groups(self) -> list[tuple[str, int]]:
-        """(group, policy step) of every complete group the learner has not trained on, oldest first."""
+        """(group, policy step) of every complete group the learner has not trained on, first played first."""
         r, c = self.run, self.run.cfg
         rows = r.lake.query(UNUSED_GROUPS_SQL.format(run=sql_str(r.run_id), prefix=sql_str(chunk_prefix(r.run_id)),
                                                      samples=int(c.samples)))
