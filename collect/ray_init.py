@@ -15,7 +15,7 @@ def ensure_ray(num_cpus: int) -> Any:
     if not ray.is_initialized():
         if os.environ.get("RAY_ADDRESS"):  # a cluster's resources are its own: asking for CPUs is an error
             ray.init(include_dashboard=False, log_to_driver=False, configure_logging=False)
-        else:
-            ray.init(num_cpus=num_cpus, include_dashboard=False, log_to_driver=False, ignore_reinit_error=True,
-                     configure_logging=False)
+        else:  # "local": a Ray of its own, even where another process on this machine started a cluster
+            ray.init(address="local", num_cpus=num_cpus, include_dashboard=False, log_to_driver=False,
+                     ignore_reinit_error=True, configure_logging=False)
     return ray

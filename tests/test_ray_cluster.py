@@ -124,6 +124,10 @@ def test_a_three_node_cluster_loses_a_node_mid_run_and_the_resumed_run_loses_and
             calls["n"] += 1
             if calls["n"] == 2:
                 cluster.remove_node(victim, allow_graceful=False)  # its raylet and every worker on it, killed
+                dead_by = time.monotonic() + 60  # and known dead to the cluster before the turn goes on
+                while any(n["Alive"] for n in ray.nodes() if n["NodeID"] == victim.node_id):
+                    assert time.monotonic() < dead_by, "the killed node was never marked dead"
+                    time.sleep(0.2)
             return generate(requests, params)
 
         policy.generate = lose_a_node_on_second_turn

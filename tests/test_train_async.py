@@ -127,13 +127,15 @@ def test_a_learner_killed_and_started_again_goes_on_from_the_store(model, tmp_pa
     try:
         while time.monotonic() < deadline and learner.poll() is None:
             time.sleep(1)
-            if not (tmp_path / "lake.sqlite").exists():
+            try:
+                with Lake.open(f"sqlite:{tmp_path / 'lake.sqlite'}", read_only=True) as lake:
+                    if lake.query("SELECT count(*) FROM train_steps WHERE run_id = 'async' AND step > 0").item() >= 2:
+                        break
+            except TrajlakeError:  # the learner has not made its lake, or its tables, yet
                 continue
-            with Lake.open(f"sqlite:{tmp_path / 'lake.sqlite'}", read_only=True) as lake:
-                if lake.query("SELECT count(*) FROM train_steps WHERE run_id = 'async' AND step > 0").item() >= 2:
-                    break
     finally:
-        os.killpg(learner.pid, signal.SIGKILL)  # the learner and everything it started
+        if learner.poll() is None:
+            os.killpg(learner.pid, signal.SIGKILL)  # the learner and everything it started
         out = learner.communicate()[0]
     assert learner.returncode == -signal.SIGKILL, out[-3000:]
     again = subprocess.run([sys.executable, str(script), str(model), str(tmp_path), "5"], cwd=tmp_path, env=env,
