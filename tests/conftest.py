@@ -224,3 +224,13 @@ def textcraft_url(tmp_path_factory) -> str:
     log = tmp_path_factory.mktemp("textcraft") / "server.log"
     with textcraft_server(log=log) as server:
         yield server.url
+
+
+@pytest.fixture
+def fresh_ray():
+    """Ray shut down before and after the test, so that each test has a Ray of its own (a cluster it starts, or
+    one started in this process), never one an earlier test left; skipped where Ray is not installed."""
+    ray = pytest.importorskip("ray")
+    ray.shutdown()
+    yield ray
+    ray.shutdown()

@@ -24,7 +24,7 @@ from trajlake.core.errors import TrajlakeError
 from trajlake.store import Lake
 
 ray = pytest.importorskip("ray")
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("fresh_ray")]
 
 ROLLOUT = dict(env="doors", difficulty=3, max_turns=4, template="action", max_new_tokens=10, temperature=0.0,
                tasks=6, samples=1, concurrency=6)
@@ -35,14 +35,6 @@ FAST_FAILURE = {"health_check_period_ms": 500, "health_check_timeout_ms": 1000, 
 @pytest.fixture(scope="module")
 def model(tmp_path_factory):
     return tiny_model_dir(tmp_path_factory)
-
-
-@pytest.fixture(autouse=True)
-def own_ray():
-    """Each test its own Ray: a cluster of its own, or one started in this process."""
-    ray.shutdown()
-    yield
-    ray.shutdown()
 
 
 def stored(lake: Lake, run_id: str, *, errors: bool = False) -> list[tuple]:

@@ -25,6 +25,7 @@ from trajlake.train.sources.asynchronous import AsyncRollouts
 
 ray = pytest.importorskip("ray")
 ROOT = Path(__file__).resolve().parents[1]
+pytestmark = pytest.mark.usefixtures("fresh_ray")
 ASYNC = dict(async_collectors=2, old_logprobs="behaviour", tasks=2, samples=2, minibatch_size=4, micro_batch=2,
              run_id="async")
 
@@ -32,13 +33,6 @@ ASYNC = dict(async_collectors=2, old_logprobs="behaviour", tasks=2, samples=2, m
 @pytest.fixture(scope="module")
 def model(tmp_path_factory):
     return tiny_model_dir(tmp_path_factory)
-
-
-@pytest.fixture(autouse=True)
-def own_ray():
-    ray.shutdown()
-    yield
-    ray.shutdown()
 
 
 def config(model, tmp_path: Path, **kw):

@@ -1,8 +1,8 @@
 """The learning test: on doors difficulty 1 (one step: open the door the text names), a warm start by SFT on
 scripted-expert episodes collected into the store, then GRPO iterations, raises the held-out (split test)
 greedy success rate measurably; and GRPO with two async collectors beside the learner (`async_collectors`),
-on the same warm start and budget, ends at least where the synchronous loop does (within 3 of 100 tasks). Slow (a few minutes each on
-a CPU), meant to run in CI: `pytest -m slow`.
+on the same warm start and budget, ends at least where the synchronous loop does (within 3 of 100 tasks).
+Slow (a few minutes each on a CPU), meant to run in CI: `pytest -m slow`.
 
 Measured here (2 shared CPU cores, ~1M-parameter model, ~4 min): SFT 50 steps -> greedy 57% on the test
 tasks, sampled (T = 0.7) 9%; after 40 GRPO iterations (64 tasks x 4 samples) greedy 85%, sampled 77%.
