@@ -28,8 +28,9 @@ pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("fresh_ray")]
 
 ROLLOUT = dict(env="doors", difficulty=3, max_turns=4, template="action", max_new_tokens=10, temperature=0.0,
                tasks=6, samples=1, concurrency=6)
-#: the head's health checks, fast enough that a node killed here is known dead in seconds (Ray's default: ~30 s)
-FAST_FAILURE = {"health_check_period_ms": 500, "health_check_timeout_ms": 1000, "health_check_failure_threshold": 3}
+#: the head's health checks: a node killed here is known dead in about 5 s (Ray's default: about 30 s), and a live
+#: node on a loaded machine still has 5 s to answer each check
+FAST_FAILURE = {"health_check_period_ms": 1000, "health_check_timeout_ms": 5000, "health_check_failure_threshold": 5}
 
 
 @pytest.fixture(scope="module")
