@@ -37,9 +37,10 @@ class S3:
         return {o["Key"] for page in pages for o in page.get("Contents", [])}
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def s3_server():
-    """moto's S3 (and IAM) server on 127.0.0.1 that checks signatures: only the key it issued works."""
+    """moto's S3 (and IAM) server on 127.0.0.1 that checks signatures: only the key it issued works. One per test
+    process: moto keeps its accounts process-wide, so a second server would find the first one's user."""
     if importlib.util.find_spec("moto") is None:
         pytest.skip("moto is not installed: pip install -e '.[dev]' (moto[server]) to test object storage")
     if not HTTPFS:
