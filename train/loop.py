@@ -68,7 +68,8 @@ def train(config: TrainConfig, lake: Lake | None) -> RunResult:
         result = RunResult(r.run_id, r.policy_id, r.step)
         source = rollout_source(r, engines, spec, data)
         streak = NoSignalStreak(c.temperature)
-        with source_closed(source), TrainProgress(c.iterations, enabled=c.progress and r.main, run_id=r.run_id,
+        # the source closed when the run ends however it ends (the async collectors stop playing)
+        with contextlib.closing(source), TrainProgress(c.iterations, enabled=c.progress and r.main, run_id=r.run_id,
                                                   done=r.step) as bar:
             if r.step == 0 and c.eval_every:
                 m = evaluate(r, engines, r.policy_id, r.model_path, 0)
@@ -94,15 +95,6 @@ def rollout_source(r: TrainRun, engines, spec, data):
     if r.cfg.async_collectors:
         return AsyncRollouts(r, spec)
     return FreshRollouts(r, engines, spec)
-
-
-@contextlib.contextmanager
-def source_closed(source):
-    """`source`, closed when the run ends however it ends (the async collectors stop playing)."""
-    try:
-        yield source
-    finally:
-        source.close()
 
 
 def _start_rl(r: TrainRun, engines, spec) -> tuple[Any, Any]:
