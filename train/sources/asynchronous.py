@@ -68,6 +68,14 @@ def chunk_run_id(run_id: str, collector: int, chunk: int) -> str:
     return f"{chunk_prefix(run_id)}{collector}-{chunk}"
 
 
+def unused_groups(lake: Lake, config: TrainConfig) -> list[tuple[str, int]]:
+    """(group, policy step) of every complete group of the run's collectors that its learner has not trained on,
+    first played first (UNUSED_GROUPS_SQL)."""
+    rows = lake.query(UNUSED_GROUPS_SQL.format(run=sql_str(config.run_id), prefix=sql_str(chunk_prefix(config.run_id)),
+                                               samples=int(config.samples)))
+    return list(rows.iter_rows())
+
+
 def check_async_lake(lake: Lake) -> None:
     """Refuse, in one line, a lake that only one process may open: the collectors write while the learner does."""
     if not lake.catalog.multi_process:
@@ -98,9 +106,7 @@ class _Collector:
         c = self.cfg
         newest = self.lake.query(f"SELECT coalesce(max(step), 0) AS n FROM policies WHERE run_id = "
                                  f"{sql_str(c.run_id)}")["n"][0]
-        rows = self.lake.query(UNUSED_GROUPS_SQL.format(run=sql_str(c.run_id), prefix=sql_str(chunk_prefix(c.run_id)),
-                                                        samples=int(c.samples)))
-        return sum(1 for _, v in rows.iter_rows() if v >= newest - c.async_staleness)
+        return sum(1 for _, v in unused_groups(self.lake, c) if v >= newest - c.async_staleness)
 
     def next_chunk(self) -> int:
         """The number after this collector's stored chunks (a restarted collector never replays one)."""
@@ -167,18 +173,11 @@ class AsyncRollouts:
                                     f"{COLLECTOR_RESTARTS + 1} times, the last: {str(e).strip().splitlines()[-1]}; "
                                     "re-run the train run to resume it") from None
 
-    def unused_groups(self) -> list[tuple[str, int]]:
-        """(group, policy step) of every complete group the learner has not trained on, first played first."""
-        r, c = self.run, self.run.cfg
-        rows = r.lake.query(UNUSED_GROUPS_SQL.format(run=sql_str(r.run_id), prefix=sql_str(chunk_prefix(r.run_id)),
-                                                     samples=int(c.samples)))
-        return list(rows.iter_rows())
-
     def episodes(self, it: int) -> IterationEpisodes:
         r, c = self.run, self.run.cfg
         t0 = time.perf_counter()
         while True:
-            groups = self.unused_groups()
+            groups = unused_groups(r.lake, c)
             fresh = [(g, v) for g, v in groups if v >= it - c.async_staleness]
             if len(fresh) >= c.tasks:
                 break
