@@ -30,6 +30,8 @@ HANDLING = {
     "python": "run after the bash blocks, as one script in that folder (slow tier)",
     "sh": "not run (NOT_RUN says why, command by command); checked against the CLI's help, the Makefile and the "
           "scripts it names",
+    "shell": "run as written, as one script in a process namespace of its own (a local Ray cluster: "
+             "tests/test_docs_cluster.py, slow tier)",
     "text": "output or a synopsis: not a command",
     "toml": "a config or spec shown: parsed",
 }
