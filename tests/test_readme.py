@@ -5,7 +5,8 @@ the nav leaves out. Every fenced block is handled by its kind (HANDLING): the `b
 in that order, in one fresh folder (with the repository's configs, specs and docs beside it), a command an
 earlier page already ran running once; the `python` blocks run after them as one script; the `sh` blocks are
 commands the tests cannot run offline, each for a reason NOT_RUN names, and are checked against the CLI's
-own help, the Makefile and the scripts they call. Running the blocks is slow (a couple of minutes: it trains
+own help, the Makefile and the scripts they call; a `shell` block (a local Ray cluster) runs as one script in a
+process namespace of its own (tests/test_docs_cluster.py). Running the blocks is slow (a couple of minutes: it trains
 for real), so `make test-slow` and CI run it; the checks of the `sh` blocks are fast.
 """
 
@@ -40,7 +41,7 @@ HANDLING = {
 NOT_RUN: tuple[tuple[str, str], ...] = (
     (r"^make ", "a make target: it sets up .venv and runs for minutes to hours (make test runs this very suite)"),
     (r"^source ", "changes the calling shell; the tests call .venv's python directly"),
-    (r"RAY_ADDRESS=", "needs a Ray cluster of several machines"),
+    (r"RAY_ADDRESS=", "needs a Ray cluster of several machines (docs/train.md's `shell` block runs the same on one)"),
     (r"postgres:", "needs a PostgreSQL server (the store tests run against one where $TRAJLAKE_TEST_PG answers)"),
     (r"--env-url|^textcraft ", "needs AgentGym's env server running (tests/test_agentgym_textcraft.py starts one)"),
     (r"vllm:", "needs vLLM (make test-vllm plays it, in .venv-vllm)"),
