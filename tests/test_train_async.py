@@ -74,6 +74,10 @@ def test_collectors_and_learner_meet_only_through_the_lake(model, tmp_path):
         assert any(p.startswith("async/step-") for p in played), "the collectors never picked up a new policy"
         metrics = lake.query("SELECT metrics FROM train_steps WHERE run_id = 'async' AND step = 4").item()
         assert {"learner_wait_s", "stale_groups", "staleness_mean"} <= set(__import__("json").loads(metrics))
+        # the chunks the collectors were playing when the learner stopped them are ended, not left running
+        status = lake.query("SELECT status, count(*) AS n FROM runs WHERE starts_with(run_id, 'async/async-') "
+                            "GROUP BY status")
+        assert "running" not in status["status"].to_list(), status
 
 
 @pytest.mark.slow

@@ -36,6 +36,8 @@ from trajlake.train.train_run import TrainRun
 POLL_S = 0.5
 #: how many times Ray restarts a collector that died (a killed process, a lost node) before the run fails
 COLLECTOR_RESTARTS = 3
+#: how long the learner waits for its killed collectors' loops to end before marking their chunks (seconds)
+STOP_WAIT_S = 30
 #: the collectors wait while this many iterations' worth of fresh groups lie unused: more would only go stale
 BACKLOG_ITERATIONS = 2
 
@@ -156,6 +158,9 @@ class AsyncRollouts:
 
         r, c = self.run, self.run.cfg
         self.ray = ray = ensure_ray(c.async_collectors)
+        # no collector of this run lives before the learner starts them (a driver's actors die with it), so a
+        # chunk still marked running was cut off with an earlier learner process
+        end_chunks_in_flight(r.lake, r.run_id, "its collector ended with an earlier learner process")
         actor = ray.remote(num_cpus=1, scheduling_strategy="SPREAD", max_restarts=COLLECTOR_RESTARTS,
                            max_task_retries=COLLECTOR_RESTARTS)(_Collector)
         self.actors = [actor.remote(r.lake.catalog.raw, c, a, c.async_collectors, r.start_pid)
@@ -194,9 +199,25 @@ class AsyncRollouts:
         return IterationEpisodes(snap, where, seqs, 0, metrics=waited)
 
     def close(self) -> None:
+        """Stop the collectors, and mark the chunks they were playing failed: no run of the learner's stays
+        `running` after it (a chunk's finished episodes stay, as a stopped collect run's do)."""
         for a in self.actors:
             self.ray.kill(a, no_restart=True)
+        if self.actors:  # once their loops have ended (a kill is asynchronous), so no chunk commits after this
+            self.ray.wait(self.loops, num_returns=len(self.loops), timeout=STOP_WAIT_S)
+            end_chunks_in_flight(self.run.lake, self.run.run_id, "its collector was stopped with the learner")
         self.actors, self.loops = [], []
 
 
-__all__ = ["AsyncRollouts", "UNUSED_GROUPS_SQL", "check_async_lake", "chunk_prefix", "chunk_run_id"]
+def end_chunks_in_flight(lake: Lake, run_id: str, why: str) -> None:
+    """Mark failed, saying `why`, every chunk of the run's collectors still marked running."""
+    from trajlake.store import runs
+
+    left = lake.query(f"SELECT run_id FROM runs WHERE starts_with(run_id, {sql_str(chunk_prefix(run_id))}) "
+                      "AND status = 'running' ORDER BY run_id")["run_id"]
+    for chunk in left:
+        runs.fail(lake, chunk, stage="train", error=f"stopped mid-chunk: {why}")
+
+
+__all__ = ["AsyncRollouts", "UNUSED_GROUPS_SQL", "check_async_lake", "chunk_prefix", "chunk_run_id",
+           "end_chunks_in_flight"]
