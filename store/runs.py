@@ -207,6 +207,26 @@ def fail(lake: Lake, run_id: str, *, stage: str, error: BaseException | str | No
     return _end(lake, run_id, "failed", stage=stage, message=message)
 
 
+def fail_abandoned(lake: Lake, run_ids: list[str], *, stage: str, why: str) -> list[str]:
+    """Mark failed, saying `why`, each of `run_ids` still running whose process is gone without ending it (an
+    async collector stopped with its learner): each run's lease is taken first, so a run whose holder is alive,
+    or on another host, where its process cannot be seen, is left as it is. Returns the runs marked."""
+    from trajlake.store import lease as run_lease
+
+    marked = []
+    for run_id in run_ids:
+        try:
+            held = run_lease.acquire(lake, run_id, stage)
+        except run_lease.RunLeasedError:
+            continue
+        with held:
+            run = stored(lake, run_id)
+            if run is not None and run.status == "running":
+                fail(lake, run_id, stage=stage, error=why)
+                marked.append(run_id)
+    return marked
+
+
 def _end(lake: Lake, run_id: str, status: str, *, stage: str, message: str | None) -> int | None:
     return lake.update("runs", {"run_id": run_id}, {"status": status, "finished_at": utc_now()}, stage=stage,
                        run_id=run_id, message=message)
@@ -305,4 +325,5 @@ def open(lake: Lake, kind: str, config: Any, *, run_id: str, kinds: tuple[str, .
 
 
 __all__ = ["KINDS", "OpenRun", "StoredRun", "Difference", "open", "new_run_id", "hashed_run_id", "stored", "find",
-           "differences", "describe_differences", "compare", "begin", "record", "restart", "finish", "fail"]
+           "differences", "describe_differences", "compare", "begin", "record", "restart", "finish", "fail",
+           "fail_abandoned"]

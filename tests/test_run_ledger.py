@@ -205,6 +205,25 @@ def test_open_lets_the_body_end_the_run_its_own_way(lake):
     assert _status(lake, "o6") == "failed"
 
 
+def test_fail_abandoned_ends_only_running_runs_whose_process_is_gone(lake):
+    from trajlake.store import lease
+
+    config = Job(name="a")
+    for run_id in ("gone", "held", "done"):
+        runs.begin(lake, job_run(run_id, config), stage="collect")
+    runs.finish(lake, "done", stage="collect")
+    held = lease.acquire(lake, "held", "collect")  # this live process holds it: not abandoned
+    try:
+        marked = runs.fail_abandoned(lake, ["gone", "held", "done", "never-stored"], stage="train",
+                                     why="stopped with its learner")
+    finally:
+        held.release()
+    assert marked == ["gone"]
+    assert [_status(lake, r) for r in ("gone", "held", "done")] == ["failed", "running", "finished"]
+    assert any("gone failed: stopped with its learner" in (m or "") for m in lake.snapshots()["message"].to_list())
+    assert lease.holder_of(lake, "gone") is None  # the lease it took to end the run is given back
+
+
 def test_only_runs_open_drives_a_runs_life():
     """No stage begins, restarts, finishes or fails a run, or takes a run's lease, but through runs.open."""
     root = Path(runs.__file__).resolve().parents[1]

@@ -210,13 +210,13 @@ class AsyncRollouts:
 
 
 def end_chunks_in_flight(lake: Lake, run_id: str, why: str) -> None:
-    """Mark failed, saying `why`, every chunk of the run's collectors still marked running."""
+    """Mark failed, saying `why`, every chunk of the run's collectors still marked running whose process is gone
+    (store/runs.py `fail_abandoned`)."""
     from trajlake.store import runs
 
     left = lake.query(f"SELECT run_id FROM runs WHERE starts_with(run_id, {sql_str(chunk_prefix(run_id))}) "
-                      "AND status = 'running' ORDER BY run_id")["run_id"]
-    for chunk in left:
-        runs.fail(lake, chunk, stage="train", error=f"stopped mid-chunk: {why}")
+                      "AND status = 'running' ORDER BY run_id")["run_id"].to_list()
+    runs.fail_abandoned(lake, left, stage="train", why=f"stopped mid-chunk: {why}")
 
 
 __all__ = ["AsyncRollouts", "UNUSED_GROUPS_SQL", "check_async_lake", "chunk_prefix", "chunk_run_id",
