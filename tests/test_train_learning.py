@@ -72,8 +72,10 @@ def test_sft_warm_start_then_grpo_raises_held_out_success(warm, synchronous):
 def test_async_collectors_train_at_least_as_well_as_the_synchronous_loop(warm, synchronous):
     model, uri, ckpt, start = warm
     with Lake.open(uri) as lake:
+        # is_cap = 2, the setting docs/train.md recommends: with old_logprobs = "behaviour" one CI run here ended
+        # at 0.90 against the synchronous loop's 1.00 (2026-11-28), where is_cap matched or beat it on doors d3
         rl = train(small_cfg(f"policy:{start}", run_id="rl-async", checkpoint_dir=str(ckpt), async_collectors=2,
-                             old_logprobs="behaviour", **GRPO), lake).history
+                             is_cap=2.0, **GRPO), lake).history
     before, after, sync_after = rl[0]["eval_success"], rl[-1]["eval_success"], synchronous[-1]["eval_success"]
     print(f"held-out greedy success {before:.2f} -> async {after:.2f}; synchronous {sync_after:.2f}")
     assert after >= sync_after - SAME_WITHIN, (after, sync_after)
