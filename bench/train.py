@@ -147,14 +147,14 @@ def run_trajlake(args, model_dir: str, work: Path) -> dict:
     _threads(args.threads)
     import trajlake.train.train_run as train_run
     from trajlake.store import Lake
-    from trajlake.train.config import TrainConfig
+    from trajlake.train.config import config_from_dict
     from trajlake.train.loop import train
 
     env, template, tasks, system = setup_env(args)
     spec = work / "goal.toml"
     spec.write_text(GOAL_SPEC)
     n = args.prompts * args.samples
-    cfg = TrainConfig(
+    cfg = config_from_dict(dict(
         model=model_dir, algo="grpo", run_id="bench-train", checkpoint_dir=str(work / "ckpt"), seed=args.seed,
         env=args.env, split="train", difficulty=args.difficulty, tasks=args.prompts, samples=args.samples,
         iterations=1 + args.repeats, max_turns=1, template=args.template, temperature=args.temperature,
@@ -163,7 +163,7 @@ def run_trajlake(args, model_dir: str, work: Path) -> dict:
         clip_high=0.2, norm_adv_by_std=True, drop_zero_advantage=False, entropy_coef=0.0, kl_coef=0.0,
         lr=args.lr, weight_decay=0.0, epochs=1, minibatch_size=n, micro_batch=args.micro_batch, grad_clip=1.0,
         dtype="fp32", progress=False,
-    )
+    ))
     ends: list[float] = []
     commit = train_run.commit_step  # the train_steps commit, as the run calls it
 

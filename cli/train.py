@@ -68,10 +68,10 @@ def refuse_a_held_run(config: Path, overrides: dict) -> None:
     from trajlake.core.ids import check_id
     from trajlake.core.text_files import read_text_file
     from trajlake.store.lease import RunLeasedError, check
-    from trajlake.train.config_sections import flatten
+    from trajlake.train.config import flatten
 
     try:
-        stored = flatten(tomllib.loads(read_text_file(config, "train config")), str(config), TrajlakeError)
+        stored = flatten(tomllib.loads(read_text_file(config, "train config")), str(config))
         run_id = check_id(overrides.get("run_id") or stored.get("run_id"))
         if run_id is None:
             return  # a new run id is generated: no other process can hold it

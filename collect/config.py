@@ -90,9 +90,9 @@ def check_range(name: str, value: int, low: int, high: int, why: str = "") -> st
 class RolloutConfig:
     """How an episode is played: the env, its tasks' split and level, the prompt and template, sampling, the
     turn and context limits, and how many episodes play at once. Declared once here and inherited by
-    CollectConfig, TrainConfig (the rollouts) and EvalConfig, with one set of defaults (EvalConfig plays the
-    test split by default); `rollout_fields(config)` hands them on, and the CLI's options and help come from
-    these fields."""
+    CollectConfig, TrainConfig's rollout section (RolloutSection) and EvalConfig, with one set of defaults
+    (EvalConfig plays the test split by default); `rollout_fields(config)` hands them on, and the CLI's options
+    and help come from these fields."""
 
     #: how this config's errors begin, and their type (subclasses set them)
     config_name: ClassVar[str] = "rollout config"

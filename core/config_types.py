@@ -14,10 +14,17 @@ a config is declared `setting(...)`.
 
 Each of the three takes the field's `help=`, its one documentation, kept in the field's metadata (HELP) as TRL's
 HfArgumentParser keeps it: `field_docs(cls)` reads it back, and the CLI shows it as the option's help.
+
+A config may be nested in sections, as verl's is (TrainConfig: `cfg.kl.coef`): a field declared `section(Cls)` holds
+a dataclass of fields of one concern, and its fields are the config's leaves. Every function here that reads a
+config's fields reads its leaves (`leaf_fields`, `leaf_values`), each by its flat name: the section class's
+`flat_names` entry (`coef` in KLSection is `kl_coef`), else the field's own name. Flat names are unique in a
+config; they key a run's stored config, so stored configs read the same whether or not a config has sections.
 """
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import json
 import numbers
@@ -41,20 +48,58 @@ _NAMES = {bool: "true or false", int: "an integer", float: "a number", str: "a s
 DEFAULTS_KEY = "config_defaults"
 #: a field's entry in `stored_defaults` when it has no default (`model`)
 REQUIRED = "(required)"
+#: the metadata key `section` sets on a field holding a section (a dataclass of fields of one concern)
+SECTION = "section"
+
+
+def section(cls: type, *, help: str) -> Any:
+    """A dataclass field holding a section: an instance of the dataclass `cls` (made with its defaults when not
+    given), whose fields are the config's leaves. `help` says what the section holds."""
+    return dataclasses.field(default_factory=cls, metadata={SECTION: cls, HELP: help})
+
+
+def flat_name(cls: type, name: str) -> str:
+    """The flat name of field `name` of the dataclass `cls` (a section's `flat_names` entry, else `name`)."""
+    return getattr(cls, "flat_names", {}).get(name, name)
+
+
+def leaf_fields(cls: type) -> list[tuple[str, tuple[str, ...], dataclasses.Field]]:
+    """(flat name, attribute path, field) of each leaf of the dataclass `cls` in declaration order: its own
+    fields, and the fields of each section field (declared `section(...)`) in its place."""
+    out = []
+    for f in dataclasses.fields(cls):
+        inner = f.metadata.get(SECTION)
+        if inner is None:
+            out.append((flat_name(cls, f.name), (f.name,), f))
+        else:
+            out.extend((flat_name(inner, g.name), (f.name, g.name), g) for g in dataclasses.fields(inner))
+    return out
+
+
+def leaf_values(config: Any) -> dict[str, Any]:
+    """{flat name: value} of each leaf of the dataclass instance `config` (a section it leaves out, None, has
+    none), values copied as `dataclasses.asdict` copies them."""
+    out = {}
+    for name, path, _ in leaf_fields(type(config)):
+        holder = config if len(path) == 1 else getattr(config, path[0])
+        if holder is not None:
+            out[name] = copy.deepcopy(getattr(holder, path[-1]))
+    return out
 
 
 def check_field_types(config: Any, prefix: str, error: type[TrajlakeError] = TrajlakeError) -> None:
-    """Raise `error("<prefix>: <field> must be <type>, got <value>")` for the first field of the dataclass
-    `config` whose value does not fit its annotation. An integer given for a float field becomes that float
-    (TOML reads `lr = 1` as an integer), and a list given for a tuple field becomes a tuple, so the stored
+    """Raise `error("<prefix>: <field> must be <type>, got <value>")` (the field by its flat name) for the first
+    field of the dataclass `config` whose value does not fit its annotation. An integer given for a float field
+    becomes that float (TOML reads `lr = 1` as an integer), and a list given for a tuple field becomes a tuple, so the
+    stored
     config reads back the same whichever was written."""
     hints = typing.get_type_hints(type(config))
     for f in dataclasses.fields(config):
         value = getattr(config, f.name)
         ok, fixed = _conform(value, hints[f.name])
         if not ok:
-            raise error(f"{prefix}: {f.name} must be {_describe(hints[f.name])}, got {value!r} "
-                        f"({type(value).__name__})")
+            raise error(f"{prefix}: {flat_name(type(config), f.name)} must be {_describe(hints[f.name])}, got "
+                        f"{value!r} ({type(value).__name__})")
         if fixed is not value:
             object.__setattr__(config, f.name, fixed)  # frozen dataclasses too: this is construction
 
@@ -112,10 +157,10 @@ def _plural(hint: Any) -> str:
 
 
 def field_docs(cls: type) -> dict[str, str]:
-    """Each field of the dataclass `cls` (its bases' too) -> its help (HELP in the field's metadata, whitespace
-    runs joined): the one text that documents a field, shown as the CLI's help too. A field declared without
-    help is left out."""
-    return {f.name: " ".join(f.metadata[HELP].split()) for f in dataclasses.fields(cls) if f.metadata.get(HELP)}
+    """Each leaf of the dataclass `cls` (its bases' too), by flat name -> its help (HELP in the field's metadata,
+    whitespace runs joined): the one text that documents a field, shown as the CLI's help too. A field declared
+    without help is left out."""
+    return {name: " ".join(f.metadata[HELP].split()) for name, _, f in leaf_fields(cls) if f.metadata.get(HELP)}
 
 
 def setting(default: Any = dataclasses.MISSING, *, help: str, default_factory: Any = dataclasses.MISSING) -> Any:
@@ -143,18 +188,18 @@ def run_fields(cls: type, order: tuple[str, ...] = ()) -> tuple[str, ...]:
     """The fields of the dataclass `cls` that identify a run (every field not declared `operational`): those
     named in `order` first, in that order, then the others in declaration order."""
     rank = {name: i for i, name in enumerate(order)}
-    names = [f.name for f in dataclasses.fields(cls) if not f.metadata.get(OPERATIONAL)]
+    names = [name for name, _, f in leaf_fields(cls) if not f.metadata.get(OPERATIONAL)]
     return tuple(sorted(names, key=lambda name: rank.get(name, len(rank))))
 
 
 def operational_fields(cls: type) -> tuple[str, ...]:
     """The fields of the dataclass `cls` declared `operational`, in declaration order."""
-    return tuple(f.name for f in dataclasses.fields(cls) if f.metadata.get(OPERATIONAL))
+    return tuple(name for name, _, f in leaf_fields(cls) if f.metadata.get(OPERATIONAL))
 
 
 def added_fields(cls: type) -> dict[str, Any]:
     """{field: the value runs stored before it were made at} for the fields of `cls` declared `added_later`."""
-    return {f.name: f.metadata[BEFORE] for f in dataclasses.fields(cls) if BEFORE in f.metadata}
+    return {name: f.metadata[BEFORE] for name, _, f in leaf_fields(cls) if BEFORE in f.metadata}
 
 
 def at_old_value(value: Any, before: Any) -> bool:
@@ -166,20 +211,20 @@ def id_settings(config: Any, leave_out: tuple[str, ...] = ()) -> dict[str, Any]:
     """The settings a run id made from the dataclass `config` hashes: its run-identifying fields but
     `leave_out`, less the `added_later` ones still at the value the older ids were made at."""
     before = added_fields(type(config))
-    values = dataclasses.asdict(config)
+    values = leaf_values(config)
     return {name: values[name] for name in run_fields(type(config))
             if name not in leave_out and not (name in before and at_old_value(values[name], before[name]))}
 
 
 def stored_defaults(cls: type) -> dict[str, Any]:
-    """Each field of the dataclass `cls` -> its default as a stored config holds it (JSON: tuples as lists),
-    REQUIRED for a field without one."""
+    """Each leaf of the dataclass `cls`, by flat name -> its default as a stored config holds it (JSON: tuples as
+    lists), REQUIRED for a field without one."""
     out: dict[str, Any] = {}
-    for f in dataclasses.fields(cls):
+    for name, _, f in leaf_fields(cls):
         if f.default is not dataclasses.MISSING:
-            out[f.name] = json.loads(json.dumps(f.default))
+            out[name] = json.loads(json.dumps(f.default))
         elif f.default_factory is not dataclasses.MISSING:
-            out[f.name] = json.loads(json.dumps(f.default_factory()))
+            out[name] = json.loads(json.dumps(f.default_factory()))
         else:
-            out[f.name] = REQUIRED
+            out[name] = REQUIRED
     return out

@@ -166,13 +166,13 @@ def run(cfg: PipelineConfig) -> None:
         sft_run = f"{cfg.prefix}-sft"
         stage = cfg.stage_config("sft")
         sft = train_stage(lake, replace(stage, run_id=sft_run, model=str(model),
-                                        micro_batch=min(stage.micro_batch, stage.minibatch_size),
+                                        micro_batch=min(stage.optim.micro_batch, stage.optim.minibatch_size),
                                         sft_filter=sft_filter(import_run, cfg.max_context_tokens)))
         console.print(f"run {sft.run_id}: policy {sft.policy_id}")
         stage = cfg.stage_config("grpo")
-        console.rule(f"5. GRPO on the real server: {stage.iterations} iterations of collect -> score -> update")
+        console.rule(f"5. GRPO on the real server: {stage.run.iterations} iterations of collect -> score -> update")
         # one optimizer step per iteration unless the grpo stage says otherwise
-        batch = cfg.grpo.get("minibatch_size", stage.tasks * stage.samples)
+        batch = cfg.grpo.get("minibatch_size", stage.rollout.tasks * stage.rollout.samples)
         grpo = train_stage(lake, replace(stage, run_id=f"{cfg.prefix}-grpo", model=f"run:{sft_run}",
                                          minibatch_size=batch))
         console.print(f"run {grpo.run_id}: policy {grpo.policy_id}")

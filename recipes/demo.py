@@ -153,9 +153,9 @@ class DemoConfig:
         for stage, fields in STAGE_COUNTS.items():
             check_counts(self.stage_config(stage), stage, "demo", fields)
         sft = self.stage_config("sft")
-        if sft.checkpoint_every > sft.sft_steps:
-            raise TrajlakeError(f"demo: the sft stage's checkpoint_every ({sft.checkpoint_every}) must be <= its "
-                                f"sft_steps ({sft.sft_steps})")
+        if sft.checkpoint.every > sft.sft.steps:
+            raise TrajlakeError(f"demo: the sft stage's checkpoint_every ({sft.checkpoint.every}) must be <= its "
+                                f"sft_steps ({sft.sft.steps})")
 
     def stage_config(self, stage: str, **recipe: Any):
         """The TrainConfig of stage `stage` (sft or grpo): STAGE_CONFIGS' file under this config's fields for it
@@ -293,15 +293,15 @@ def recipe(cfg: DemoConfig, lake: Lake, model: Path) -> RecipeResult:
                   soft_wrap=True)
     # GRPO's evaluations on val play val_tasks, and it reports to TensorBoard, unless the grpo stage says otherwise
     stage = cfg.stage_config("grpo", eval_tasks=cfg.val_eval_tasks, report_to=["tensorboard"])
-    temperature = choose_rollout_temperature(cfg, lake, sft_policy, model, default=stage.temperature)
-    log(f"6. GRPO from the SFT plateau: {stage.iterations} iterations of collect -> score -> update -> checkpoint")
+    temperature = choose_rollout_temperature(cfg, lake, sft_policy, model, default=stage.rollout.temperature)
+    log(f"6. GRPO from the SFT plateau: {stage.run.iterations} iterations of collect -> score -> update -> checkpoint")
     # one optimizer step per iteration unless the grpo stage says otherwise (e.g. minibatch_size=16: RAGEN's
     # several mini-batch steps per iteration)
-    batch = cfg.grpo.get("minibatch_size", stage.tasks * stage.samples)
+    batch = cfg.grpo.get("minibatch_size", stage.rollout.tasks * stage.rollout.samples)
     grpo = train_stage(lake, replace(stage, run_id=f"{cfg.prefix}-grpo", model=sft_policy, temperature=temperature,
                                      minibatch_size=batch))
     seconds["grpo_s"] = time.perf_counter() - t
-    seconds["grpo_s_per_iteration"] = seconds["grpo_s"] / stage.iterations
+    seconds["grpo_s_per_iteration"] = seconds["grpo_s"] / stage.run.iterations
     rl_policy, rl_val, choice = rl_best_on_val(lake, grpo.run_id, grpo.policy_id)
     console.print(f"GRPO policy: {choice}", soft_wrap=True)
     policies = {"start": f"hf:{model}", f"SFT plateau (step {plateau})": sft_policy,
@@ -377,7 +377,7 @@ def run(cfg: DemoConfig) -> None:
         console.print("GRPO learning curve (each iteration's sampled rollouts on train tasks, greedy val success where "
                       "evaluated, the share of groups whose samples differ in success, KL to the SFT plateau, stage "
                       f"times; from train_steps{start}):")
-        show(grpo_curve(lake, result.grpo_run, max(1, cfg.stage_config("grpo").iterations // 5)))
+        show(grpo_curve(lake, result.grpo_run, max(1, cfg.stage_config("grpo").run.iterations // 5)))
         index = build_report(lake, cfg.report)
     console.print(f"report: {index}")
     console.print(f"the GRPO run's curves: tensorboard --logdir {cfg.checkpoints}/{cfg.prefix}-grpo/tensorboard; "

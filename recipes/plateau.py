@@ -51,9 +51,9 @@ def sft_to_plateau(cfg, lake: Lake, model: Path, sft_filter: str, *, train_stage
     sft = f"{cfg.prefix}-sft"
     stage = cfg.stage_config("sft")
     stage = replace(stage, run_id=sft, model=str(model), sft_filter=sft_filter, save_optimizer=True,
-                    micro_batch=min(stage.micro_batch, stage.minibatch_size))
+                    micro_batch=min(stage.optim.micro_batch, stage.optim.minibatch_size))
     val: dict[int, float] = {}
-    for k in plateau_steps(stage.checkpoint_every, stage.sft_steps):
+    for k in plateau_steps(stage.checkpoint.every, stage.sft.steps):
         policy = f"policy:{sft}/step-{k}"
         stored = lake.query("SELECT count(*) AS n FROM policies WHERE policy_id = ?", [f"{sft}/step-{k}"])["n"][0]
         if not stored:
@@ -65,7 +65,7 @@ def sft_to_plateau(cfg, lake: Lake, model: Path, sft_filter: str, *, train_stage
             return Plateau(val, best, f"val success has not improved for {cfg.sft_patience} checkpoints since "
                                       f"step {best}")
     best = max(val, key=lambda k: (val[k], -k))
-    return Plateau(val, best, f"the cap of {stage.sft_steps} steps (val success may still be rising: raise "
+    return Plateau(val, best, f"the cap of {stage.sft.steps} steps (val success may still be rising: raise "
                               "sft_steps)")
 
 

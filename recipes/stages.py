@@ -8,7 +8,6 @@ short flags (`--sft-steps`, `--iterations`, `--lr`...) are STAGE_FLAGS: each nam
 
 from __future__ import annotations
 
-from dataclasses import replace
 from typing import Any
 
 from trajlake.core.errors import TrajlakeError
@@ -52,12 +51,13 @@ def stage_config(cfg: Any, stage: str, file: str, what: str, **recipe: Any):
 
     fields = {**recipe, **getattr(cfg, stage)}
     try:
-        micro = fields.pop("micro_batch") if "micro_batch" in fields else load_config(CONFIGS_DIR / file).micro_batch
+        micro = (fields.pop("micro_batch") if "micro_batch" in fields
+                 else load_config(CONFIGS_DIR / file).optim.micro_batch)
         tc = load_config(CONFIGS_DIR / file, **cfg.rollout, seed=cfg.seed, progress=cfg.progress,
                          checkpoint_dir=str(cfg.checkpoints.absolute()), **fields, micro_batch=1)
         # the rollout settings whole, None included (load_config keeps the file's value for a None: doors'
         # level); a micro batch (one flag sets both stages') at most the stage's step batch
-        return replace(tc, **cfg.rollout, micro_batch=min(micro, tc.minibatch_size))
+        return tc.replace(**cfg.rollout, micro_batch=min(micro, tc.optim.minibatch_size))
     except TrajlakeError as e:
         raise TrajlakeError(f"{what}: the {stage} stage: {e}") from None
 
@@ -65,8 +65,8 @@ def stage_config(cfg: Any, stage: str, file: str, what: str, **recipe: Any):
 def check_counts(tc: Any, stage: str, what: str, fields: tuple[str, ...]) -> None:
     """Refuse a stage config whose `fields` (counts the recipe steps by) are below 1, in one line."""
     for name in fields:
-        if getattr(tc, name) < 1:
-            raise TrajlakeError(f"{what}: the {stage} stage's {name} must be >= 1, got {getattr(tc, name)}")
+        if tc.value(name) < 1:
+            raise TrajlakeError(f"{what}: the {stage} stage's {name} must be >= 1, got {tc.value(name)}")
 
 
 def train_stage(lake: Any, tc: Any):

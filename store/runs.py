@@ -21,7 +21,6 @@ it itself. Which settings identify a run is declared on the config dataclass's f
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import hashlib
 import json
 import uuid
@@ -31,7 +30,7 @@ from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
 from trajlake.core.clock import utc_now
-from trajlake.core.config_types import added_fields, run_fields
+from trajlake.core.config_types import added_fields, leaf_values, run_fields
 from trajlake.core.errors import TrajlakeError
 from trajlake.schemas import Run
 
@@ -101,12 +100,12 @@ def differences(stored_config: Mapping[str, Any], config: Any, *,
     those runs were made at. `adjust(field, stored, given)` returns the pair to compare instead (e.g. an unset
     value as the default it stands for), or None when the two are the same run whatever they hold. `order`
     names fields to list first, in that order; the others follow in declaration order."""
-    given = as_stored(dataclasses.asdict(config))
+    given = as_stored(leaf_values(config))
     before = added_fields(type(config))
     out = []
     for name in run_fields(type(config), tuple(order)):
-        if name not in stored_config and name not in before:
-            continue
+        if name not in given or (name not in stored_config and name not in before):
+            continue  # a section `config` leaves out (None), or a field the stored run predates
         old, new = stored_config.get(name, before.get(name)), given[name]
         pair = adjust(name, old, new) if adjust else (old, new)
         if pair is not None and pair[0] != pair[1]:

@@ -21,7 +21,7 @@ from trajlake.rewards.score import score
 from trajlake.schemas.records import Policy, Run, TrainStep
 from trajlake.store import Lake
 from trajlake.train.batch import EpisodeSeq
-from trajlake.train.config import TrainConfig
+from trajlake.train.config import TrainConfig, config_from_dict
 
 EOT = "<|im_end|>"
 #: the built-in envs (the registry may hold more: third-party ones, made only when their package is installed)
@@ -208,7 +208,12 @@ def small_cfg(model: str | Path, **kw) -> TrainConfig:
                 save_optimizer=False, grad_clip=0.0, checkpoint_dir="ckpt", template="action",
                 system_prompt=SYSTEM, max_new_tokens=12, max_turns=1, difficulty=1)
     base.update(kw)
-    return TrainConfig(**base)
+    # the RL defaults above only where the algo has their sections (an SFT run holds no kl or algorithm section)
+    from trajlake.train.algos.algorithms import ALGOS
+    from trajlake.train.config import LEAVES
+
+    uses = ALGOS[base["algo"]].sections if base["algo"] in ALGOS else tuple({key for key, _ in LEAVES.values()})
+    return config_from_dict({k: v for k, v in base.items() if k in kw or LEAVES[k][0] in uses})
 
 
 def synthetic(n: int, *, group_size: int = 2, seed: int = 0, scores=None, vocab: int = 500) -> list[EpisodeSeq]:

@@ -28,7 +28,7 @@ from trajlake.train.algos import (
     register_algo,
 )
 from trajlake.train.batch import collate
-from trajlake.train.config import ConfigError, TrainConfig
+from trajlake.train.config import ConfigError, config_from_dict
 from trajlake.train.loop import train
 from trajlake.train.steps import turn_inputs
 
@@ -98,12 +98,12 @@ def test_a_critic_estimator_is_one_registration(scratch):
     torch.testing.assert_close(adv, want_adv)
     torch.testing.assert_close(ret, want_ret)
     # ppo (the algo with a critic) takes it; grpo (none) refuses it and says where it runs
-    cfg = TrainConfig(model="m", algo="ppo", advantage="mc_value")
-    assert cfg.advantage_name == "mc_value" and ALGOS[cfg.algo].needs_critic
+    cfg = config_from_dict(dict(model="m", algo="ppo", advantage="mc_value"))
+    assert cfg.advantage_name == "mc_value" and ALGOS[cfg.run.algo].needs_critic
     with pytest.raises(ConfigError, match="advantage mc_value needs a critic: use algo ppo"):
-        TrainConfig(model="m", algo="grpo", advantage="mc_value")
+        config_from_dict(dict(model="m", algo="grpo", advantage="mc_value"))
     with pytest.raises(ConfigError, match="algo ppo trains a critic for advantage gae or mc_value or turn_gae"):
-        TrainConfig(model="m", algo="ppo", advantage="grpo")
+        config_from_dict(dict(model="m", algo="ppo", advantage="grpo"))
     assert turn_inputs("mc_value", collate(synthetic(2), 0), cfg) == {}  # token-level, no settings
 
 
@@ -129,7 +129,7 @@ class HalvingKL:
 
     @classmethod
     def config_problem(cls, config):
-        return None if config.kl_coef > 0 else "kl_controller halving_test needs a starting kl_coef > 0"
+        return None if config.kl.coef > 0 else "kl_controller halving_test needs a starting kl_coef > 0"
 
     def update(self, current_kl, n_steps):
         self.value /= 2
@@ -146,7 +146,7 @@ def test_a_kl_controller_is_one_registration(model, lake):
     KL_CONTROLLERS.register("halving_test")(HalvingKL)
     try:
         with pytest.raises(ConfigError, match="kl_controller halving_test needs a starting kl_coef > 0"):
-            TrainConfig(model="m", kl_controller="halving_test", kl_coef=0.0)
+            config_from_dict(dict(model="m", kl_controller="halving_test", kl_coef=0.0))
         # every row updated (and its KL measured) even where the untrained model's two samples tie
         train(small_cfg(model, run_id="kl", tasks=2, samples=2, iterations=2, minibatch_size=4, kl_coef=0.04,
                         kl_controller="halving_test", drop_zero_advantage=False), lake)
@@ -156,7 +156,7 @@ def test_a_kl_controller_is_one_registration(model, lake):
     finally:
         KL_CONTROLLERS.unregister("halving_test")
     with pytest.raises(ConfigError, match="unknown kl_controller 'halving_test'; valid: adaptive, fixed"):
-        TrainConfig(model="m", kl_controller="halving_test", kl_coef=0.04)
+        config_from_dict(dict(model="m", kl_controller="halving_test", kl_coef=0.04))
 
 
 def test_a_group_estimator_needs_two_samples(scratch):
@@ -165,10 +165,10 @@ def test_a_group_estimator_needs_two_samples(scratch):
     assert estimator.min_group_size == 2 and not estimator.needs_critic
     with pytest.raises(ConfigError, match="median_baseline compares the samples of a task: samples must be >= 2, "
                                           "got 1"):
-        TrainConfig(model="m", advantage="median_baseline", samples=1)
-    assert TrainConfig(model="m", advantage="median_baseline", samples=2).advantage_name == "median_baseline"
+        config_from_dict(dict(model="m", advantage="median_baseline", samples=1))
+    assert config_from_dict(dict(model="m", advantage="median_baseline", samples=2)).advantage_name == "median_baseline"
     with pytest.raises(ConfigError, match="algo ppo trains a critic"):
-        TrainConfig(model="m", algo="ppo", advantage="median_baseline", samples=2)
+        config_from_dict(dict(model="m", algo="ppo", advantage="median_baseline", samples=2))
     mask = torch.ones(4, 2)
     adv, _ = estimator(token_level_rewards=torch.tensor([[0, 1.0], [0, 3.0], [0, 2.0], [0, 2.0]]), mask=mask,
                        group_ids=["a", "a", "b", "b"])
@@ -190,7 +190,7 @@ def test_a_turn_estimator_declares_its_inputs_and_settings(scratch):
         p1, r1, p2, r2 = (len(list(run)) for _, run in itertools.groupby(s.mask))
         s.turn_lengths, s.observations = [(p1, r1), (p2, r2)], ["start", "next"]
     batch = collate(seqs, 0)
-    cfg = TrainConfig(model="m", advantage="turn_scaled", step_advantage_weight=0.5)
+    cfg = config_from_dict(dict(model="m", advantage="turn_scaled", step_advantage_weight=0.5))
     given = turn_inputs("turn_scaled", batch, cfg)
     assert set(given) == {"turn_index", "weight"} and given["weight"] == 0.5
     assert torch.equal(given["turn_index"], batch.turn_index)
@@ -219,27 +219,27 @@ def test_a_registered_turn_estimator_refuses_a_discounting_spec(scratch, model, 
 def test_a_new_algo_is_one_registration(scratch):
     algo = register_algo("reinforce", loop=RL_LOOP, default_advantage="reinforce_plus_plus")
     assert ALGOS["reinforce"] is algo and isinstance(algo, Algo)
-    cfg = TrainConfig(model="m", algo="reinforce")
+    cfg = config_from_dict(dict(model="m", algo="reinforce"))
     assert cfg.advantage_name == "reinforce_plus_plus" and algo.counter == "iterations"
     assert not algo.needs_critic and algo.needs_reference(cfg) is True  # the default KL anchor
     assert algo.needs_reference(cfg.replace(kl_coef=0.0)) is False
-    assert TrainConfig(model="m", algo="reinforce", advantage="rloo").advantage_name == "rloo"
+    assert config_from_dict(dict(model="m", algo="reinforce", advantage="rloo")).advantage_name == "rloo"
     with pytest.raises(ConfigError, match="advantage gae needs a critic: use algo ppo"):
-        TrainConfig(model="m", algo="reinforce", advantage="gae")
+        config_from_dict(dict(model="m", algo="reinforce", advantage="gae"))
     with pytest.raises(ConfigError, match="use algo grpo or reinforce for critic-free estimators"):
-        TrainConfig(model="m", algo="ppo", advantage="rloo")
+        config_from_dict(dict(model="m", algo="ppo", advantage="rloo"))
     # an actor-critic alias of ppo, and an SFT-loop algo
     register_algo("actor_critic", loop=RL_LOOP, default_advantage="turn_gae", needs_critic=True)
-    assert TrainConfig(model="m", algo="actor_critic").advantage_name == "turn_gae"
+    assert config_from_dict(dict(model="m", algo="actor_critic")).advantage_name == "turn_gae"
     with pytest.raises(ConfigError, match="advantage gae needs a critic: use algo actor_critic or ppo"):
-        TrainConfig(model="m", algo="grpo", advantage="gae")
+        config_from_dict(dict(model="m", algo="grpo", advantage="gae"))
     register_algo("imitation", loop=SFT_LOOP, default_advantage="grpo")
     assert ALGOS["imitation"].counter == "sft_steps" and not ALGOS["imitation"].needs_reference(cfg)
     with pytest.raises(ConfigError, match="algo imitation needs sft_filter"):
-        TrainConfig(model="m", algo="imitation", sft_filter=" ")
+        config_from_dict(dict(model="m", algo="imitation", sft_filter=" "))
     with pytest.raises(ConfigError, match="horizon_start caps the turns of the rollouts actor_critic, grpo, ppo "
                                           "and reinforce collect: not with algo imitation or sft"):
-        TrainConfig(model="m", algo="imitation", sft_filter="success", horizon_start=1)
+        config_from_dict(dict(model="m", algo="imitation", sft_filter="success", horizon_start=1))
 
 
 def test_train_runs_the_loop_the_algo_names(scratch, model, lake):
@@ -261,9 +261,10 @@ def test_a_plain_registration_is_a_token_level_critic_free_estimator(scratch):
 
     assert callable(outcome_sign) and not isinstance(outcome_sign, Advantage), "the decorator returns the function"
     assert ADVANTAGES["outcome_sign_test"] == Advantage(outcome_sign)
-    assert TrainConfig(model="m", advantage="outcome_sign_test", samples=1).advantage_name == "outcome_sign_test"
+    one_sample = config_from_dict(dict(model="m", advantage="outcome_sign_test", samples=1))
+    assert one_sample.advantage_name == "outcome_sign_test"
     with pytest.raises(ConfigError, match="algo ppo trains a critic"):
-        TrainConfig(model="m", algo="ppo", advantage="outcome_sign_test")
+        config_from_dict(dict(model="m", algo="ppo", advantage="outcome_sign_test"))
 
 
 def test_registrations_that_cannot_work_are_refused():
@@ -286,9 +287,9 @@ def test_unknown_names_list_the_valid_ones():
     with pytest.raises(UnknownNameError, match="unknown algo 'dpo'; valid names: grpo, ppo, sft"):
         ALGOS["dpo"]
     with pytest.raises(ConfigError, match="algo must be one of grpo, ppo, sft, got 'dpo'"):
-        TrainConfig(model="m", algo="dpo")
+        config_from_dict(dict(model="m", algo="dpo"))
     with pytest.raises(ConfigError, match="unknown advantage 'mc'; valid: .*gae.*gigpo.*rloo"):
-        TrainConfig(model="m", advantage="mc")
+        config_from_dict(dict(model="m", advantage="mc"))
     from trajlake.train.config_checks import registries
 
     assert list(registries().ALGOS) == ["grpo", "ppo", "sft"] and registries().ALGOS is ALGOS

@@ -1,7 +1,6 @@
 """The CLI's shape: commands registered by their group modules, the train overrides made once from TrainConfig
 for both `trajlake train` and `python -m trajlake.train`, and `train` made only when it is asked for."""
 
-import dataclasses
 import re
 import subprocess
 import sys
@@ -16,8 +15,7 @@ from trajlake.collect.config import ROLLOUT_FIELDS, CollectConfig
 from trajlake.core.config_types import field_docs
 from trajlake.evaluate.config import EvalConfig
 from trajlake.train.__main__ import parser
-from trajlake.train.config import TrainConfig
-from trajlake.train.config_sections import SECTIONS
+from trajlake.train.config import LEAVES, SECTIONS, TrainConfig
 from trajlake.train.overrides import dotted_option, given_overrides, option_name, override_fields, override_specs
 
 
@@ -33,7 +31,7 @@ def test_train_options_are_the_overrides_with_the_field_docs_as_help():
     text = " ".join(word for word in out.split() if word != "│")  # the words, without the table's borders
     docs = field_docs(TrainConfig)
     fields = override_fields()
-    assert set(fields) == {f.name for f in dataclasses.fields(TrainConfig)}  # every field, each with its doc
+    assert set(fields) == set(LEAVES)  # every field (by flat name), each with its doc
     for field in fields:
         assert option_name(field) in out and dotted_option(field) in out, field
         assert docs[field] in text, field  # the field's help is the option's help, whole

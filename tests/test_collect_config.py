@@ -53,10 +53,10 @@ def test_rollout_settings_are_declared_once():
     from trajlake.collect.config import ROLLOUT_FIELDS, RolloutConfig
     from trajlake.core.config_types import field_docs
     from trajlake.evaluate.config import EvalConfig
-    from trajlake.train.config import TrainConfig
+    from trajlake.train.config_sections import RolloutSection
 
     defaults = {f.name: f.default for f in dataclasses.fields(RolloutConfig)}
-    for cls in (CollectConfig, TrainConfig, EvalConfig):
+    for cls in (CollectConfig, RolloutSection, EvalConfig):  # RolloutSection: TrainConfig's [rollout]
         own = {f.name: f.default for f in dataclasses.fields(cls) if f.name in ROLLOUT_FIELDS}
         assert own == {**defaults, **({"split": "test"} if cls is EvalConfig else {})}, cls
     docs = field_docs(CollectConfig)

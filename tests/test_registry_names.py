@@ -94,7 +94,7 @@ def test_no_module_outside_the_registries_compares_an_entrys_name():
 def test_a_name_comparison_is_seen_wherever_it_sits():
     names = {"grpo": {"trajlake.train.algos.algorithms"}, "k3": {"trajlake.train.algos.core"}}
     source = ("def f(cfg, c):\n"
-              "    if cfg.algo == 'grpo': pass\n"
+              "    if cfg.run.algo == 'grpo': pass\n"
               "    x = [1 for e in c if e.kl_estimator in ('k3', 'k1')]\n"
               "    return lambda s: 'grpo' != s.algo\n")
     assert [hit.split(":")[0] for hit in name_comparisons(source, names, "trajlake.cli.x")] == ["2", "3", "4"]

@@ -2,26 +2,25 @@
 
 from __future__ import annotations
 
-import dataclasses
 from pathlib import Path
 
 import pytest
 
 from trajlake.collect.config import CollectConfig, RolloutConfig
-from trajlake.core.config_types import HELP, field_docs
+from trajlake.core.config_types import HELP, field_docs, leaf_fields
 from trajlake.evaluate.config import EvalConfig
 from trajlake.interop.importers.config import ImportConfig
-from trajlake.train.config import ConfigError, TrainConfig, load_config
+from trajlake.train.config import ConfigError, TrainConfig, config_from_dict, load_config
 
 CONFIGS = Path(__file__).resolve().parents[1] / "train" / "configs"
 
 
 def test_defaults_are_valid():
-    c = TrainConfig(model="m")
-    assert c.algo == "grpo" and c.advantage_name == "grpo"
-    assert TrainConfig(model="m", algo="ppo").advantage_name == "gae"
-    assert c.accum_steps(1) == c.minibatch_size // c.micro_batch
-    assert c.accum_steps(2) == c.minibatch_size // (2 * c.micro_batch)
+    c = config_from_dict(dict(model="m"))
+    assert c.run.algo == "grpo" and c.advantage_name == "grpo"
+    assert config_from_dict(dict(model="m", algo="ppo")).advantage_name == "gae"
+    assert c.accum_steps(1) == c.optim.minibatch_size // c.optim.micro_batch
+    assert c.accum_steps(2) == c.optim.minibatch_size // (2 * c.optim.micro_batch)
 
 
 @pytest.mark.parametrize("kw, words", [
@@ -54,7 +53,7 @@ def test_defaults_are_valid():
 ])
 def test_cross_field_errors_say_what_to_fix(kw, words):
     with pytest.raises(ConfigError) as e:
-        TrainConfig(model="m", **kw)
+        config_from_dict(dict(model="m", **kw))
     for w in words:
         assert w in str(e.value)
 
@@ -72,16 +71,18 @@ def test_a_registered_entrys_own_rule_is_checked_without_the_config_check_naming
     class NeedsTarget(FixedKLController):
         @classmethod
         def config_problem(cls, config):
-            return None if config.kl_target else "test_target needs kl_target"
+            return None if config.kl.target else "test_target needs kl_target"
 
     KL_CONTROLLERS.add("test_target", NeedsTarget)
     try:
         with pytest.raises(ConfigError, match=r"^train config: test_wide_clip needs clip_high >= 0.5, got 0.28$"):
-            TrainConfig(model="m", policy_loss="test_wide_clip", clip_high=0.28)
-        assert TrainConfig(model="m", policy_loss="test_wide_clip", clip_high=0.5).policy_loss == "test_wide_clip"
+            config_from_dict(dict(model="m", policy_loss="test_wide_clip", clip_high=0.28))
+        wide = config_from_dict(dict(model="m", policy_loss="test_wide_clip", clip_high=0.5))
+        assert wide.algorithm.policy_loss == "test_wide_clip"
         with pytest.raises(ConfigError, match=r"^train config: test_target needs kl_target$"):
-            TrainConfig(model="m", kl_controller="test_target")
-        assert TrainConfig(model="m", kl_controller="test_target", kl_target=0.1).kl_controller == "test_target"
+            config_from_dict(dict(model="m", kl_controller="test_target"))
+        targeted = config_from_dict(dict(model="m", kl_controller="test_target", kl_target=0.1))
+        assert targeted.kl.controller == "test_target"
     finally:
         POLICY_LOSSES.unregister("test_wide_clip")
         KL_CONTROLLERS.unregister("test_target")
@@ -100,7 +101,7 @@ def test_toml_field_types_are_checked_naming_the_field(tmp_path, line, message):
     """A wrong type is an error naming the field and the type it wants, before any check compares it (`lr =
     "fast"` used to fail with "'>' not supported between instances of 'str' and 'int'")."""
     p = tmp_path / "c.toml"
-    p.write_text(f'model = "m"\n{line}\n')
+    p.write_text(f'model = "m"\nalgo = "sft"\n{line}\n')
     with pytest.raises(ConfigError) as e:
         load_config(p)
     assert str(e.value) == f"{p}: {message}"
@@ -110,11 +111,11 @@ def test_an_integer_for_a_float_field_is_that_float(tmp_path):
     p = tmp_path / "c.toml"
     p.write_text('model = "m"\nlr = 1\nloss_norm_constant = 64\n')
     c = load_config(p)
-    assert type(c.lr) is float and c.lr == 1.0 and type(c.loss_norm_constant) is float
+    assert type(c.optim.lr) is float and c.optim.lr == 1.0 and type(c.optim.loss_norm_constant) is float
 
 
 def test_grad_accum_must_match_processes():
-    c = TrainConfig(model="m", minibatch_size=16, micro_batch=4, grad_accum=4)
+    c = config_from_dict(dict(model="m", minibatch_size=16, micro_batch=4, grad_accum=4))
     assert c.accum_steps(1) == 4
     with pytest.raises(ConfigError, match="processes"):
         c.accum_steps(2)
@@ -131,8 +132,11 @@ def test_toml_unknown_keys_named(tmp_path):
 def test_toml_roundtrip_and_overrides(tmp_path):
     p = tmp_path / "c.toml"
     p.write_text('model = "m"\nalgo = "ppo"\nlr = 0.001\nkl_coef = 0.1\nkl_mode = "reward"\n')
-    c = load_config(p, algo="sft", run_id=None)
-    assert c.algo == "sft" and c.lr == 0.001 and c.run_id is None
+    c = load_config(p, algo="grpo", run_id=None)
+    assert c.run.algo == "grpo" and c.optim.lr == 0.001 and c.run.id is None and c.kl.mode == "reward"
+    with pytest.raises(ConfigError, match=r"c\.toml: train config: algo sft has no \[kl\] section; leave out "
+                                          r"kl_coef, kl_mode$"):
+        load_config(p, algo="sft")  # SFT has no KL anchor: the file's settings for one are refused, not dropped
     with pytest.raises(ConfigError, match="model"):
         p.write_text("lr = 0.1\n")
         load_config(p)
@@ -146,16 +150,17 @@ def test_toml_roundtrip_and_overrides(tmp_path):
 def test_every_field_is_documented_in_its_metadata(cls):
     # a field's help is declared with it (setting/operational/added_later(help=...)) and kept in its metadata,
     # where field_docs, and so the CLI's help, reads it: no class source is parsed
-    fields = dataclasses.fields(cls)
-    undocumented = [f.name for f in fields if not isinstance(f.metadata.get(HELP), str) or not f.metadata[HELP].strip()]
+    leaves = leaf_fields(cls)  # a nested config's (TrainConfig's) fields are its sections' fields
+    undocumented = [n for n, _, f in leaves
+                    if not isinstance(f.metadata.get(HELP), str) or not f.metadata[HELP].strip()]
     assert undocumented == []
-    assert field_docs(cls) == {f.name: " ".join(f.metadata[HELP].split()) for f in fields}
+    assert field_docs(cls) == {n: " ".join(f.metadata[HELP].split()) for n, _, f in leaves}
 
 
 @pytest.mark.parametrize("name", sorted(p.name for p in CONFIGS.glob("*.toml")))
 def test_example_configs_load(name):
     c = load_config(CONFIGS / name)
-    assert c.algo in ("grpo", "ppo", "sft")
+    assert c.run.algo in ("grpo", "ppo", "sft")
 
 
 # ---- numbers and ids: finite, in range, checked before any rule divides by them ----------------------------
@@ -172,8 +177,9 @@ def test_example_configs_load(name):
     (dict(kl_coef=float("inf")), "train config: kl_coef must be a finite number, got inf"),
     (dict(weight_decay=-0.1), "train config: weight_decay must be in [0, 1]"),
     (dict(temperature=float("inf")), "train config: temperature must be a finite number, got inf"),
-    (dict(temperature=1000.0), "train config: temperature must be > 0 for training rollouts (log-probs use "
-                               "logits / temperature) and at most 100, got 1000.0"),
+    (dict(temperature=1000.0), "train config: temperature must be in [0, 100] (0: greedy), got 1000.0"),
+    (dict(temperature=0.0), "train config: temperature must be > 0 for training rollouts (log-probs use "
+                            "logits / temperature) and at most 100, got 0.0"),
     # micro_batch = 0 was a ZeroDivisionError (minibatch_size % micro_batch)
     (dict(micro_batch=0), "train config: micro_batch must be >= 1, got 0"),
     (dict(minibatch_size=0), "train config: minibatch_size must be >= 1, got 0"),
@@ -182,13 +188,13 @@ def test_example_configs_load(name):
     (dict(iterations=-1), "train config: iterations must be >= 0, got -1"),
     (dict(critic_warmup=-1), "train config: critic_warmup must be >= 0, got -1"),
     # sft_steps = 10**23 trained without end
-    (dict(sft_steps=10**23), "train config: sft_steps must be at most 10_000_000 (the cap on counts: far beyond "
-                             "any run), got 100000000000000000000000"),
+    (dict(algo="sft", sft_steps=10**23), "train config: sft_steps must be at most 10_000_000 (the cap on counts: "
+                                         "far beyond any run), got 100000000000000000000000"),
     (dict(iterations=10_000_001), "train config: iterations must be at most 10_000_000"),
     (dict(max_new_tokens=10**12), "train config: max_new_tokens must be at most 10_000_000"),
     (dict(seed=-1), "train config: seed must be >= 0, got -1"),
     (dict(seed=2**40), "train config: seed must be at most 2_147_483_647, got 1099511627776"),
-    (dict(sft_snapshot=2**64), "train config: sft_snapshot must be at most 9_223_372_036_854_775_807"),
+    (dict(algo="sft", sft_snapshot=2**64), "train config: sft_snapshot must be at most 9_223_372_036_854_775_807"),
     # an empty run id is refused, not replaced by a generated one; a run id names folders
     (dict(run_id=""), "train config: run_id must not be empty"),
     (dict(run_id="   "), "train config: run_id must not be empty"),
@@ -199,7 +205,7 @@ def test_example_configs_load(name):
 ])
 def test_numbers_and_run_ids_are_checked_naming_the_field(kw, message):
     with pytest.raises(ConfigError) as e:
-        TrainConfig(model="m", **kw)
+        config_from_dict(dict(model="m", **kw))
     assert str(e.value).startswith(message), str(e.value)
     assert "\n" not in str(e.value)
 
@@ -207,9 +213,10 @@ def test_numbers_and_run_ids_are_checked_naming_the_field(kw, message):
 def test_numbers_at_their_limits_are_valid():
     from trajlake.train.config import MAX_COUNT
 
-    c = TrainConfig(model="m", lr=1e30, sft_steps=MAX_COUNT, iterations=0, seed=2**31 - 1, temperature=100.0,
-                    run_id="a.b_c-1", critic_warmup=0)
-    assert c.sft_steps == MAX_COUNT and c.lr == 1e30  # a huge finite lr is the user's to choose
+    c = config_from_dict(dict(model="m", lr=1e30, iterations=0, seed=2**31 - 1, temperature=100.0,
+                              run_id="a.b_c-1", critic_warmup=0))
+    assert c.run.iterations == 0 and c.optim.lr == 1e30  # a huge finite lr is the user's to choose
+    assert config_from_dict(dict(model="m", algo="sft", sft_steps=MAX_COUNT)).sft.steps == MAX_COUNT
 
 
 @pytest.mark.parametrize("line, message", [
@@ -222,7 +229,7 @@ def test_numbers_at_their_limits_are_valid():
 ])
 def test_toml_numbers_are_checked(tmp_path, line, message):
     p = tmp_path / "c.toml"
-    p.write_text(f'model = "m"\n{line}\n')
+    p.write_text(f'model = "m"\nalgo = "sft"\n{line}\n')
     with pytest.raises(ConfigError) as e:
         load_config(p)
     assert str(e.value) == f"{p}: train config: {message}" or str(e.value).startswith(f"{p}: train config: {message}")

@@ -12,7 +12,7 @@ from tests.helpers import expert_lake, small_cfg, tiny_model_dir
 from trajlake.cli import main
 from trajlake.core.errors import TrajlakeError
 from trajlake.store import Lake
-from trajlake.train.config import RESUMABLE_FIELDS, RUN_FIELDS, ConfigError, TrainConfig
+from trajlake.train.config import RESUMABLE_FIELDS, RUN_FIELDS, ConfigError, TrainConfig, config_from_dict
 from trajlake.train.loop import train
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
@@ -139,9 +139,9 @@ def test_a_grpo_run_refused_before_training_writes_nothing(lake, model, tmp_path
 
 
 def test_run_and_resumable_fields_cover_every_field():
-    import dataclasses
+    from trajlake.train.config import LEAVES
 
-    names = {f.name for f in dataclasses.fields(TrainConfig)}
+    names = set(LEAVES)  # every leaf of every section, by flat name
     assert set(RUN_FIELDS) | set(RESUMABLE_FIELDS) == names and not set(RUN_FIELDS) & set(RESUMABLE_FIELDS)
     assert {"model", "algo", "lr", "seed", "sft_filter", "env", "reward_spec"} <= set(RUN_FIELDS)
 
@@ -154,7 +154,8 @@ def test_a_restarted_sft_run_is_held_to_its_settings(lake, model):
     # other settings: refused naming every field that differs, with its stored and given value
     msg = refused(lake, small_cfg(model, **{**sft, "lr": 1e-3, "seed": 1}), "run s1 already exists with ")
     assert msg == "run s1 already exists with seed 0, lr 0.003; given seed 1, lr 0.001 (use a new --run-id)"
-    refused(lake, small_cfg(model, **{**sft, "algo": "grpo"}), "algo 'sft'")
+    as_grpo = {k: v for k, v in sft.items() if k != "sft_steps"}  # a grpo run has no [sft] section
+    refused(lake, small_cfg(model, **{**as_grpo, "algo": "grpo"}), "algo 'sft'")
     refused(lake, small_cfg(model, **{**sft, "sft_filter": "success AND num_turns = 1"}), "sft_filter 'success'")
     refused(lake, small_cfg("policy:expert-nope", **sft), "model 'policy:expert-nope': no checkpoint for policy")
 
@@ -192,23 +193,25 @@ def test_a_collect_run_id_is_not_a_train_run(lake, model):
 
 
 def test_differences_compare_model_by_the_policy_it_resolves_to():
-    stored = {**TrainConfig(model="run:sft").to_dict(), "start_policy": "sft/step-4"}
-    assert TrainConfig(model="run:sft").differences(stored, start_policy="sft/step-4") == []
-    assert TrainConfig(model="policy:sft/step-4").differences(stored, start_policy="sft/step-4") == []
-    assert TrainConfig(model="run:sft").differences(stored, start_policy="sft/step-8") == [
+    stored = {**config_from_dict(dict(model="run:sft")).to_dict(), "start_policy": "sft/step-4"}
+    assert config_from_dict(dict(model="run:sft")).differences(stored, start_policy="sft/step-4") == []
+    assert config_from_dict(dict(model="policy:sft/step-4")).differences(stored, start_policy="sft/step-4") == []
+    assert config_from_dict(dict(model="run:sft")).differences(stored, start_policy="sft/step-8") == [
         ("model", "run:sft (policy sft/step-4)", "run:sft (policy sft/step-8)")]
     # advantage None is the algo's default estimator; a stored config without a field does not compare it
-    assert TrainConfig(model="run:sft", advantage="grpo").differences(stored, start_policy="sft/step-4") == []
+    given = config_from_dict(dict(model="run:sft", advantage="grpo"))
+    assert given.differences(stored, start_policy="sft/step-4") == []
     old = {k: v for k, v in stored.items() if k != "turn_baseline"}
-    assert TrainConfig(model="run:sft", turn_baseline="turn").differences(old, start_policy="sft/step-4") == []
+    given = config_from_dict(dict(model="run:sft", turn_baseline="turn"))
+    assert given.differences(old, start_policy="sft/step-4") == []
     with pytest.raises(ConfigError):
-        TrainConfig(model="m", iterations="10")
+        config_from_dict(dict(model="m", iterations="10"))
 
 
 def test_differences_compare_reward_spec_by_content():
-    stored = {**TrainConfig(model="m", reward_spec="a.toml").to_dict(), "reward_spec_id": "s1"}
-    assert TrainConfig(model="m", reward_spec="copy/a.toml").differences(stored, spec_id="s1") == []
-    assert TrainConfig(model="m", reward_spec="a.toml").differences(stored, spec_id="s2") == [
+    stored = {**config_from_dict(dict(model="m", reward_spec="a.toml")).to_dict(), "reward_spec_id": "s1"}
+    assert config_from_dict(dict(model="m", reward_spec="copy/a.toml")).differences(stored, spec_id="s1") == []
+    assert config_from_dict(dict(model="m", reward_spec="a.toml")).differences(stored, spec_id="s2") == [
         ("reward_spec", "a.toml (spec s1)", "a.toml (spec s2)")]
 
 

@@ -50,10 +50,10 @@ def test_rounds_play_other_tasks_until_enough_groups_differ(model, lake, selecto
 
     train(cfg, lake)
     steps = lake.query("SELECT metrics, episode_ids FROM train_steps WHERE run_id = ? AND step > 0 "
-                       "ORDER BY step", [cfg.run_id])
+                       "ORDER BY step", [cfg.run.id])
     assert steps.height == 2
     for it, (metrics, episode_ids) in enumerate(steps.iter_rows(), start=1):
-        played = _check_rounds_stop_where_they_should(lake, cfg.run_id, it, need=4, most=3)
+        played = _check_rounds_stop_where_they_should(lake, cfg.run.id, it, need=4, most=3)
         assert json.loads(metrics)["sampling_rounds"] == len(played)
         tasks = lake.query("SELECT run_id, task_id FROM episodes WHERE list_contains(?, run_id)", [played])
         per_round = {r: set(tasks.filter(tasks["run_id"] == r)["task_id"]) for r in played}
@@ -65,22 +65,21 @@ def test_rounds_play_other_tasks_until_enough_groups_differ(model, lake, selecto
 
 
 def test_a_resumed_run_keeps_its_iterations_rounds(model, lake):
-    from dataclasses import replace
 
     from trajlake.train.loop import train
 
     cfg = small_cfg(model, run_id="dyn-resume", tasks=2, samples=2, iterations=1, min_outcome_groups=4,
                     sampling_rounds=2, task_selector="learnable", task_pool=8, temperature=2.0)
     train(cfg, lake)
-    played = _rounds(lake, cfg.run_id, 1)
+    played = _rounds(lake, cfg.run.id, 1)
 
     def episodes_of_iteration_1() -> int:
         return lake.query("SELECT count(*) FROM episodes WHERE list_contains(?, run_id)", [played]).item()
 
     n = episodes_of_iteration_1()
-    train(replace(cfg, iterations=2), lake)  # continues with iteration 2
-    assert _rounds(lake, cfg.run_id, 1) == played and episodes_of_iteration_1() == n
-    _check_rounds_stop_where_they_should(lake, cfg.run_id, 2, need=4, most=2)
+    train(cfg.replace(iterations=2), lake)  # continues with iteration 2
+    assert _rounds(lake, cfg.run.id, 1) == played and episodes_of_iteration_1() == n
+    _check_rounds_stop_where_they_should(lake, cfg.run.id, 2, need=4, most=2)
 
 
 def test_the_count_is_the_updates_own(model):

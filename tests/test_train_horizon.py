@@ -11,7 +11,7 @@ import pytest
 from tests.helpers import small_cfg, tiny_model_dir, varied_spec
 from trajlake.core.errors import TrajlakeError
 from trajlake.store import Lake
-from trajlake.train.config import ADDED_FIELDS, RUN_FIELDS, ConfigError, TrainConfig, horizon
+from trajlake.train.config import ADDED_FIELDS, RUN_FIELDS, ConfigError, config_from_dict, horizon
 from trajlake.train.loop import train
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
@@ -28,13 +28,13 @@ pytestmark = pytest.mark.usefixtures("one_torch_thread")
 def test_schedule_golden_values(start, every, max_turns, caps):
     assert [horizon(it, start, every, max_turns) for it in range(len(caps))] == caps
     if start or every == 1:
-        c = TrainConfig(model="m", max_turns=max_turns, horizon_start=start, horizon_every=every)
+        c = config_from_dict(dict(model="m", max_turns=max_turns, horizon_start=start, horizon_every=every))
         assert [c.turns_at(it) for it in range(len(caps))] == caps
 
 
 def test_defaults_are_off():
-    c = TrainConfig(model="m", max_turns=7)
-    assert (c.horizon_start, c.horizon_every) == (0, 1) and c.turns_at(0) == c.turns_at(100) == 7
+    c = config_from_dict(dict(model="m", max_turns=7))
+    assert (c.rollout.horizon_start, c.rollout.horizon_every) == (0, 1) and c.turns_at(0) == c.turns_at(100) == 7
 
 
 @pytest.mark.parametrize("kw, message", [
@@ -53,13 +53,13 @@ def test_defaults_are_off():
 ])
 def test_config_refusals_say_what_to_fix(kw, message):
     with pytest.raises(ConfigError) as e:
-        TrainConfig(model="m", **{"max_turns": 4, **kw})
+        config_from_dict(dict(model="m", **{"max_turns": 4, **kw}))
     assert str(e.value).startswith(message) and "\n" not in str(e.value)
 
 
 def test_a_restart_compares_the_schedule():
     assert {"horizon_start", "horizon_every"} <= set(RUN_FIELDS) and set(ADDED_FIELDS) <= set(RUN_FIELDS)
-    c = TrainConfig(model="m", max_turns=4)
+    c = config_from_dict(dict(model="m", max_turns=4))
     stored = json.loads(json.dumps(c.to_dict()))
     # a run stored before the fields existed played every iteration at max_turns: the defaults resume it
     old = {k: v for k, v in stored.items() if k not in ADDED_FIELDS}

@@ -11,7 +11,7 @@ from tests.helpers import flat_params, small_cfg, synthetic, tiny_model_dir
 from trajlake.train import engine as E
 from trajlake.train.algos import GROUP_FILTERS, compute_grpo, make_kl_controller, outcome_groups
 from trajlake.train.batch import collate
-from trajlake.train.config import ConfigError, TrainConfig
+from trajlake.train.config import ConfigError, config_from_dict
 from trajlake.train.steps import prepare, rl_update
 
 #: two groups of 4 that never won, told apart only by progress terms (the TextCraft iteration measured), one mixed
@@ -53,9 +53,9 @@ def test_std_normalised_noise_gets_a_wins_weight_unless_filtered():
 
 
 def _update(cfg, model, scores):
-    eng = E.build_engines(cfg, str(model), ref=cfg.kl_coef > 0)
+    eng = E.build_engines(cfg, str(model), ref=cfg.kl.coef > 0)
     before = flat_params(eng.actor.module)
-    kl = make_kl_controller(cfg.kl_controller, cfg.kl_coef, cfg.kl_target, cfg.kl_horizon)
+    kl = make_kl_controller(cfg.kl.controller, cfg.kl.coef, cfg.kl.target, cfg.kl.horizon)
     batch = collate(synthetic(len(scores), group_size=4, scores=scores), eng.pad_id)
     prep, m1 = prepare(eng, batch, cfg, kl)
     m = {**m1, **rl_update(eng, prep, cfg, kl, seed=0)}
@@ -64,8 +64,9 @@ def _update(cfg, model, scores):
 
 def test_an_update_on_groups_without_an_outcome_difference_does_not_move_the_weights(model):
     # the defaults: outcome_differs, a KL anchor to the start (k3), lr 1e-6
-    cfg = small_cfg(model, kl_coef=TrainConfig(model="m").kl_coef, lr=TrainConfig(model="m").lr, group_filter=None)
-    assert cfg.group_filter_name == "outcome_differs" and cfg.kl_coef > 0 and cfg.lr == 1e-6
+    defaults = config_from_dict(dict(model="m"))
+    cfg = small_cfg(model, kl_coef=defaults.kl.coef, lr=defaults.optim.lr, group_filter=None)
+    assert cfg.group_filter_name == "outcome_differs" and cfg.kl.coef > 0 and cfg.optim.lr == 1e-6
     before, after, m = _update(cfg, model, NOISE)
     assert torch.equal(before, after)
     assert m["outcome_groups"] == 0.0 and m["groups"] == 2 and m["groups_kept"] == 0 and m["actor_sequences"] == 0
@@ -106,13 +107,13 @@ def test_lr_warmup_rises_linearly(model):
 
 def test_group_filter_config_rules():
     with pytest.raises(ConfigError, match=r"unknown group_filter 'best'; valid: all, outcome_differs"):
-        TrainConfig(model="m", group_filter="best")
+        config_from_dict(dict(model="m", group_filter="best"))
     with pytest.raises(ConfigError, match=r"group_filter outcome_differs .* samples must be >= 2, got 1"):
-        TrainConfig(model="m", advantage="reinforce_plus_plus", samples=1, group_filter="outcome_differs")
+        config_from_dict(dict(model="m", advantage="reinforce_plus_plus", samples=1, group_filter="outcome_differs"))
     # a token-level estimator compares no group: it keeps every one by default, and may play one sample per task
-    assert TrainConfig(model="m", advantage="reinforce_plus_plus", samples=1).group_filter_name == "all"
-    assert TrainConfig(model="m", algo="ppo", samples=1).group_filter_name == "all"  # ppo's default
+    assert config_from_dict(dict(model="m", advantage="reinforce_plus_plus", samples=1)).group_filter_name == "all"
+    assert config_from_dict(dict(model="m", algo="ppo", samples=1)).group_filter_name == "all"  # ppo's default
     # a run stored before the filter existed kept every group: resumed as it was, refused under the new default
-    stored = {k: v for k, v in TrainConfig(model="m").to_dict().items() if k != "group_filter"}
-    assert TrainConfig(model="m", group_filter="all").differences(stored) == []
-    assert TrainConfig(model="m").differences(stored) == [("group_filter", "all", "outcome_differs")]
+    stored = {k: v for k, v in config_from_dict(dict(model="m")).to_dict().items() if k != "group_filter"}
+    assert config_from_dict(dict(model="m", group_filter="all")).differences(stored) == []
+    assert config_from_dict(dict(model="m")).differences(stored) == [("group_filter", "all", "outcome_differs")]

@@ -59,7 +59,7 @@ def test_an_auto_run_prints_and_records_its_choice(tiny, lake, capsys):
     pytest.importorskip("transformers")
     cfg = small_cfg(tiny, run_id="auto-engine", tasks=2, samples=2, iterations=1, minibatch_size=4, micro_batch=2,
                     progress=True)
-    assert cfg.rollout_engine == "auto"  # the default
+    assert cfg.rollout.engine == "auto"  # the default
     train(cfg, lake)
     assert runs.stored(lake, "auto-engine").config["rollout_engine_chosen"] == "transformers"
     out = capsys.readouterr()

@@ -25,7 +25,7 @@ def _engines(cfg, model, **kw):
 
 
 def _run(cfg, engines, seqs, seed=0):
-    kl = make_kl_controller(cfg.kl_controller, cfg.kl_coef, cfg.kl_target, cfg.kl_horizon)
+    kl = make_kl_controller(cfg.kl.controller, cfg.kl.coef, cfg.kl.target, cfg.kl.horizon)
     batch = collate(seqs, engines.pad_id)
     prep, m1 = prepare(engines, batch, cfg, kl)
     return prep, {**m1, **rl_update(engines, prep, cfg, kl, seed=seed)}

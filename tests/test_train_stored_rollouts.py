@@ -14,7 +14,7 @@ from trajlake.collect.rollout import collect
 from trajlake.core.errors import TrajlakeError
 from trajlake.rewards import load_spec
 from trajlake.store import Lake
-from trajlake.train.config import ConfigError, TrainConfig
+from trajlake.train.config import ConfigError, config_from_dict
 from trajlake.train.loop import train
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
@@ -120,12 +120,12 @@ def test_fresh_rollouts_with_a_replayed_share(stored, model):
     (dict(replay_ratio=0.5, is_cap=2.0, train_filter="success"), "not with train_filter"),
     (dict(train_snapshot=3), "train_snapshot pins the episodes of train_filter"),
     (dict(train_filter="success"), "old_logprobs = \"behaviour\", or truncated importance weights with is_cap"),
-    (dict(train_filter="success", algo="sft"), "algo sft trains on sft_filter"),
+    (dict(train_filter="success", algo="sft"), "algo sft has no [data] section; leave out train_filter"),
     (dict(train_filter=" ", is_cap=2.0), "train_filter is empty"),
 ])
 def test_config_rules(kw, words):
     with pytest.raises(ConfigError, match="^train config: ") as e:
-        TrainConfig(model="m", **kw)
+        config_from_dict(dict(model="m", **kw))
     assert words in str(e.value)
 
 

@@ -1,7 +1,8 @@
-"""The train stage's configuration: one dataclass, every field documented, checked at construction.
+"""The train stage's configuration: TrainConfig, a dataclass of sections (train/config_sections.py,
+train/config_update.py), every field documented, checked at construction.
 
-`load_config(path)` reads it from TOML (the field names below at the top level, or each in its section's table,
-`[kl] coef = 0.01`: train/config_sections.py; an unknown key is an error naming it). `TrainConfig(...)` raises
+`load_config(path)` reads it from TOML (each field in its section's table, `[kl] coef = 0.01`, or at the top level
+by its flat name, `kl_coef = 0.01`; an unknown key is an error naming it). `TrainConfig(...)` raises
 `ConfigError` naming the field when a value has the wrong type (checked from the annotations), when a number is not
 finite or out of its range, and saying what to fix when fields disagree with each other (the rules:
 train/config_checks.py).
@@ -14,19 +15,20 @@ from __future__ import annotations
 
 import dataclasses
 import tomllib
-from dataclasses import asdict, dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar
 
-from trajlake.collect.config import RolloutConfig
 from trajlake.core.config_types import (
+    HELP,
+    SECTION,
     added_fields,
-    added_later,
-    check_field_types,
-    operational,
+    leaf_fields,
+    leaf_values,
     operational_fields,
     run_fields,
-    setting,
+    section,
 )
 from trajlake.core.errors import TrajlakeError
 from trajlake.core.text_files import read_text_file
@@ -40,15 +42,26 @@ from trajlake.train.config_checks import (  # noqa: F401  (the constants are thi
     group_filter_of,
     registries,
 )
-from trajlake.train.config_sections import flatten
+from trajlake.train.config_sections import (
+    AsyncSection,
+    CheckpointSection,
+    DataSection,
+    EngineSection,
+    EvalSection,
+    RolloutSection,
+    RunSection,
+    SFTSection,
+)
+from trajlake.train.config_update import AlgorithmSection, CriticSection, KLSection, OptimSection
 
 #: the train configs the package ships (the recipes' and the docs')
 CONFIGS_DIR = Path(__file__).parent / "configs"
 
 
 @dataclass(frozen=True, kw_only=True)
-class TrainConfig(RolloutConfig):
-    """What `trajlake train` trains, on what data, and how.
+class TrainConfig:
+    """What `trajlake train` trains, on what data, and how: one section per concern (train/config_sections.py,
+    train/config_update.py), `cfg.kl.coef` in code.
 
     A run id is one run: restarting it resumes from its last checkpoint, and only with the settings it was
     started with (RUN_FIELDS: every field but RESUMABLE_FIELDS; `model` is compared as the policy it resolves
@@ -57,254 +70,110 @@ class TrainConfig(RolloutConfig):
     `grad_accum`, `checkpoint_dir`, `save_optimizer`, `checkpoint_every`, `log_every`, `eval_every` and
     `progress`. The run's `runs.config` then records the values of the latest restart.
 
-    How the rollouts (and the held-out evals) play is RolloutConfig's fields (env, split, template, sampling,
-    turns...), inherited; `temperature` must be > 0 here (log-probs in training use logits / temperature too).
+    A run holds the sections its algo uses (`Algo.sections`: SFT has no kl, critic, algorithm, data or
+    asynchronous section, RL none for sft); the others are None, and one given with a value other than its
+    default is refused, naming the field. A section may be given as a mapping of its fields
+    (`TrainConfig(run={"model": "m"}, kl={"coef": 0.01})`). `temperature` must be > 0 here (log-probs in
+    training use logits / temperature too).
     """
 
     config_name: ClassVar[str] = "train config"
     error_type: ClassVar[type[TrajlakeError]] = ConfigError
 
-    # ---- what and from where -----------------------------------------------------------------------
-    model: str = setting(help=(
-        "Starting point: a model folder (save_pretrained layout), `policy:ID` (a checkpoint in the store) or "
-        "`run:RUN_ID` (the last checkpoint of that train run, e.g. `run:sft-doors` after the warm start)."))
-    algo: str = setting("grpo", help=(
-        "grpo (group-relative advantages, no critic), ppo (GAE with a critic) or sft (cross-entropy on a filtered "
-        "store query; `sft_filter`, `sft_steps`)."))
-    run_id: str | None = operational(None, help=(
-        "Run id. A run restarted with the same id resumes from its last checkpoint; None makes a new id. A given one "
-        "is a safe id (trajlake.core.ids.check_id: letters, digits, '.', '_', '-'; not empty): it names folders."))
-    checkpoint_dir: str = operational("checkpoints", help=(
-        "Folder for checkpoints: each is `<checkpoint_dir>/<run_id>/step-<n>` and a row in `policies`."))
-    seed: int = setting(0, help=(
-        "Seeds torch, the minibatch shuffles and the rollout sampler (iteration i samples with seed + i)."))
-
-    # ---- rollouts (and RolloutConfig's fields) --------------------------------------------------------
-    tasks: int = setting(16, help="Tasks per iteration.")
-    rotate_tasks: bool = setting(True, help=(
-        "With task_selector rotation: iteration i plays tasks [i * tasks, (i + 1) * tasks) of the split, so no two "
-        "iterations repeat a task (OpenManus-RL replays the same ones every step), around again from the start of a "
-        "split with an end (an AgentGym server's train split); False plays the first `tasks` every iteration."))
-    task_selector: str = added_later("rotation", help=(
-        "Which tasks each iteration plays (train/task_select.py): `rotation` (the next block of the split, see "
-        "rotate_tasks), `learnable` (a query over the lake's own history: the tasks of the split's first task_pool "
-        "that this run's policies sometimes win, then those never played, then the rest; train/queries/ "
-        "learnable.sql), or the path of a .sql file of your own (the same parameters; copy learnable.sql to start). "
-        "The tasks each iteration played are recorded in its collect run, so a run replays as it was."))
-    task_pool: int = added_later(0, help=(
-        "With a query task_selector: how many tasks of the split (its first N) it chooses from; 0: the whole split "
-        "(a split without an end needs a number)."))
-    samples: int = setting(4, help=(
-        "Samples per task: the group size K of GRPO (>= 2 for grpo, else every advantage is 0)."))
-    min_outcome_groups: int = added_later(0, help=(
-        "DAPO's dynamic sampling: when an iteration's `tasks` groups hold fewer than this many whose samples' "
-        "outcomes differ, it plays another round of `tasks` other tasks (collect run `<run_id>/it-<n>/round-<k>`), "
-        "up to `sampling_rounds` rounds, and the update learns from every round's groups. 0: one round. The tasks of "
-        "a round are the selector's next ones (a query selector's first not yet played this iteration; with "
-        "rotation, iteration i reserves blocks i*R .. i*R+R-1 of the split). Each iteration records the rounds it "
-        "played."))
-    sampling_rounds: int = added_later(1, help=(
-        "With min_outcome_groups: the most rounds an iteration plays (DAPO's max_num_gen_batches), bounding its time "
-        "when the policy wins nothing or everything."))
-    iterations: int = operational(10, help="Iterations (collect -> score -> update -> checkpoint) of grpo/ppo.")
-    reward_spec: str | None = setting(None, help=(
-        "Reward spec TOML; None: the built-in default spec (rewards/specs/default.toml)."))
-    horizon_start: int = added_later(0, help=(
-        "Horizon curriculum (AgentGym-RL's ScalingInter-RL): the turn cap of the first iteration's rollouts, one "
-        "turn more every `horizon_every` iterations up to max_turns (`horizon`), so that the policy learns a task's "
-        "first steps on short, low-variance episodes before it plays whole ones. 0: off, every iteration plays "
-        "max_turns. Held-out evals always play max_turns. Part of the run: a restart may not change it."))
-    horizon_every: int = added_later(1, help=(
-        "With horizon_start: iterations per one-turn growth of the cap (1: one turn more every iteration)."))
-    eval_every: int = operational(0, help=(
-        "Evaluate every N iterations (and before the first) on held-out tasks, greedy; 0: never."))
-    eval_split: str = setting("test", help="Split of the held-out tasks.")
-    eval_tasks: int = setting(32, help="Held-out tasks per evaluation.")
-    stop_on_regression: bool = operational(True, help=(
-        "With eval_every: stop the run (finished, the reason in its last train_steps row) when an evaluation's "
-        "success falls below the 95% Wilson lower bound of the first one (the starting policy's), so RL never ends a "
-        "long run below where it started. The best checkpoint on the eval split is `best_eval_policy`."))
-
-    # ---- stored rollouts (instead of collecting) -------------------------------------------------------
-    train_filter: str | None = setting(None, help=(
-        "SQL over episodes columns choosing stored episodes that the RL iterations train on instead of collecting "
-        "(any runs, policies, envs), e.g. \"run_id LIKE 'demo-grpo/%'\"; `tasks` GRPO groups an iteration, dealt in "
-        "order and wrapping around (train/sources/stored.py). The ratio is taken against their stored behaviour "
-        'log-probs: set old_logprobs = "behaviour" or is_cap. None: every iteration collects fresh rollouts.'))
-    train_snapshot: int | None = setting(None, help=(
-        "With train_filter: the snapshot its episodes and their scores are read at (already scored by reward_spec, "
-        "e.g. with `trajlake rewards`); None: score what the filter selects when the run starts and read the "
-        "snapshot after (a restart reads that one again)."))
-
-    replay_ratio: float = setting(0.0, help=(
-        "Share of each iteration's GRPO groups replayed from this run's own earlier rollouts, beside the fresh ones "
-        "(0: none; 0.25: one replayed group for every three fresh ones). Replayed episodes keep their stored scores "
-        'and behaviour log-probs: set old_logprobs = "behaviour" or is_cap.'))
-    replay_staleness: int = setting(1, help=(
-        "How many policy versions back a replayed rollout may be: the last N iterations' rollouts."))
-    replay_filter: str | None = setting(None, help=(
-        'SQL over episodes columns narrowing the replay pool (e.g. "success"); None: every rollout in it.'))
-
-    # ---- asynchronous rollouts --------------------------------------------------------------------------
-    async_collectors: int = added_later(0, help=(
-        "0: each iteration collects, then trains (the synchronous loop). N: N collector processes (Ray actors) "
-        "keep playing the newest policy stored in `policies` into the lake while the learner trains on the groups "
-        "they stored (train/sources/asynchronous.py); needs a sqlite: or postgres: lake, and the ratio taken "
-        'against the behaviour log-probs (old_logprobs = "behaviour" or is_cap).'))
-    async_staleness: int = added_later(1, help=(
-        "Async: the learner trains only on groups played by a policy at most this many steps older than the one it "
-        "updates; older ones are skipped (the stale_groups metric)."))
-
-    # ---- the update ----------------------------------------------------------------------------------
-    advantage: str | None = setting(None, help=(
-        "Advantage estimator (train.algos.ADVANTAGES); None: grpo for grpo, gae for ppo."))
-    policy_loss: str = setting("ppo_clip", help="Policy loss (train.algos.POLICY_LOSSES): ppo_clip, dual_clip, gspo.")
-    agg_mode: str = setting("token-mean", help=(
-        "Loss aggregation (train.algos.AGG_MODES) for the policy, entropy, KL and value losses."))
-    loss_norm_constant: float | None = setting(None, help=(
-        "Constant of agg_mode seq-mean-token-sum-norm; None: max_new_tokens * max_turns."))
-    clip_low: float = setting(0.2, help="Lower clip range of the ratio (1 - clip_low).")
-    clip_high: float = setting(0.2, help="Upper clip range of the ratio (1 + clip_high); 0.28 is DAPO's clip-higher.")
-    clip_c: float = setting(3.0, help="Dual-clip bound c (> 1) of dual_clip.")
-    norm_adv_by_std: bool = setting(True, help="grpo: divide by the group std (False: Dr. GRPO style).")
-    whiten_advantages: bool = setting(True, help="gae: whiten advantages over the batch.")
-    gamma: float = setting(1.0, help=(
-        "Discount over agent tokens (gae, reinforce++), or over turns (gigpo, turn_reinforce, turn_gae)."))
-    lam: float = setting(0.95, help="GAE lambda (gae over tokens, turn_gae over turns).")
-    step_advantage_weight: float = setting(1.0, help=(
-        "gigpo: weight of the step-level advantage (steps of a group that saw the same observation compared) added "
-        "to the episode-level one."))
-    turn_baseline: str = setting("none", help=(
-        "turn_reinforce: what each turn's discounted return is compared with: none, turn (the group's mean at the "
-        "same turn number) or episode (the group's mean episode return)."))
-    group_filter: str | None = added_later(None, before="all", help=(
-        "Which GRPO groups the update learns from (train.algos.GROUP_FILTERS): `outcome_differs` keeps only the "
-        "groups whose samples' success differs (DAPO's dynamic sampling; GiGPO and RAGEN do the same): a group all "
-        "won or all lost has no outcome to learn from, and its shaping differences alone, divided by the group's "
-        "small std, would get a win's weight. `all` keeps every group. None: the algo's default for an estimator "
-        "that compares a group's samples (grpo: outcome_differs; ppo: all), `all` for a token-level one. Each "
-        "iteration records the share of groups with an outcome difference (`outcome_groups`)."))
-    drop_zero_advantage: bool = setting(True, help=(
-        "Leave out of the actor's update the sequences whose advantage is 0 on every token (GRPO groups whose "
-        "samples all scored the same, DAPO's dynamic-sampling filter): they add no policy gradient, but a step on "
-        "them alone would still move the weights by Adam's momentum. An iteration with none left skips the update."))
-    advantage_floor: float | None = setting(None, help=(
-        "Raise every advantage below this to it (None: off). 0 learns only from the samples that did better than "
-        "their baseline: on stored rollouts the policy no longer plays (train_filter), pushing the worse ones down "
-        "moves their probability onto replies the data never shows, whose failures the update never sees (measured "
-        "in the re-score-and-retrain workflow of docs/rewards.md)."))
-    entropy_coef: float = setting(0.0, help="Entropy bonus weight (loss -= entropy_coef * entropy).")
-    kl_coef: float = setting(0.001, help=(
-        "KL(pi || ref) weight, an anchor to the starting policy; > 0 loads a frozen reference model (the starting "
-        "model) and costs one more forward pass per sequence. 0.001 with k3 is verl's GRPO setting (verl-agent's "
-        "GiGPO uses 0.01); 0 turns the anchor off."))
-    kl_estimator: str = setting("k3", help="KL estimator (train.algos.KL_ESTIMATORS): k1, k2, k3, abs.")
-    kl_mode: str = setting("loss", help=(
-        "`loss`: a KL term in the loss (GRPO); `reward`: a per-token penalty on the rewards (PPO-RLHF)."))
-    kl_controller: str = setting("fixed", help="fixed or adaptive (then kl_target and kl_horizon are needed).")
-    kl_target: float | None = setting(None, help="Adaptive controller: the KL it steers to.")
-    kl_horizon: float | None = setting(None, help="Adaptive controller: horizon in sequences.")
-    old_logprobs: str = setting("recompute", help=(
-        "recompute: pi_old is recomputed by the actor before the epochs; behaviour: the stored sampling log-probs "
-        "are pi_old (no extra forward; the ratio is then an importance weight pi / mu)."))
-    is_cap: float | None = setting(None, help=(
-        "With recompute: truncated importance weights min(pi_old / mu, is_cap) from the stored behaviour log-probs "
-        "(off-policy correction of replayed or mismatched rollouts); None: off."))
-    value_loss: str = setting("clipped", help="ppo: value loss (train.algos.VALUE_LOSSES): clipped, mse.")
-    value_clip: float = setting(0.5, help="ppo: clip range of the clipped value loss.")
-    critic_lr: float = setting(1e-5, help="ppo: learning rate of the critic.")
-    critic_warmup: int = setting(0, help="ppo: iterations that train only the critic.")
-
-    # ---- optimisation ---------------------------------------------------------------------------------
-    lr: float = setting(1e-6, help=(
-        "Actor learning rate (AdamW). 1e-6 is what AgentGym-RL, GiGPO and RAGEN use to fine-tune full weights with "
-        "RL: Adam's first steps move every weight by about lr whatever the gradient, so 1e-5 on a noisy batch moves "
-        "a pretrained policy far (SFT wants more: set it per run)."))
-    lr_warmup_steps: int = added_later(0, help=(
-        "Optimizer steps over which the actor's lr rises linearly to lr (DeepSpeed's WarmupLR: the first step at lr "
-        "/ N, lr from step N on); 0: none, as verl's default. A resume without save_optimizer warms up again."))
-    weight_decay: float = setting(0.0, help="AdamW weight decay.")
-    epochs: int = setting(1, help="Passes over each iteration's batch.")
-    minibatch_size: int = setting(16, help="Sequences per optimizer step, over all processes.")
-    micro_batch: int = operational(4, help=(
-        "Sequences per forward pass per process (micro-batches are length-bucketed, right-padded)."))
-    grad_accum: int | None = operational(None, help=(
-        "Micro-batches per optimizer step per process; None: minibatch_size / (micro_batch * processes). Given, it "
-        "must agree: minibatch_size = micro_batch * grad_accum * processes."))
-    grad_clip: float = setting(1.0, help="Gradient norm clip (0: off).")
-    zero_stage: int = setting(0, help="DeepSpeed ZeRO stage, 0-3.")
-    dtype: str = setting("fp32", help=(
-        "fp32 or bf16 (DeepSpeed bf16: bf16 weights and activations, fp32 master weights)."))
-    save_optimizer: bool = operational(True, help=(
-        "Also save the DeepSpeed state (optimizer moments; the critic's weights) with each checkpoint, so a resumed "
-        "run continues exactly; without it a resumed run restarts the optimizer and the critic."))
-
-    # ---- sft ----------------------------------------------------------------------------------------
-    sft_filter: str = setting("success", help=(
-        "SQL over episodes columns choosing SFT data, e.g. \"success AND policy_id LIKE 'scripted:%'\"."))
-    sft_steps: int = operational(100, help="SFT optimizer steps.")
-    sft_snapshot: int | None = setting(None, help="Snapshot SFT reads (None: the latest at start).")
-    checkpoint_every: int = operational(0, help=(
-        "SFT: checkpoint every N steps (0: only at the end). RL checkpoints every iteration."))
-    log_every: int = operational(10, help="SFT: record a train_steps row every N steps.")
-    progress: bool = operational(True, help="Show a progress bar with the main metrics.")
-    rollout_engine: str = operational("auto", help=(
-        "What plays the rollouts and held-out evals: `transformers` (the actor itself, in this process), `vllm` (a "
-        "vLLM engine started once, each new checkpoint loaded into it without a restart; `make setup-vllm` on a "
-        "CPU), or `auto`: the faster of the two for the run at hand, by a rule from measured speeds (the model's "
-        "size, the tokens the run generates, whether vLLM is installed: train/rollout_engines.py), printed and "
-        "recorded with the run (`rollout_engine_chosen`). With replicas > 1, each replica runs the engine."))
-    report_to: tuple[str, ...] = operational((), help=(
-        "Experiment trackers every train_steps row also goes to, under the peers' metric names (train/trackers.py): "
-        "tensorboard (`<checkpoint_dir>/<run_id>/tensorboard`), wandb (online when logged in, else offline)."))
+    run: RunSection = field(metadata={SECTION: RunSection, HELP: RunSection.__doc__})
+    rollout: RolloutSection | None = section(RolloutSection, help=RolloutSection.__doc__)
+    eval: EvalSection | None = section(EvalSection, help=EvalSection.__doc__)
+    data: DataSection | None = section(DataSection, help=DataSection.__doc__)
+    asynchronous: AsyncSection | None = section(AsyncSection, help=AsyncSection.__doc__)
+    algorithm: AlgorithmSection | None = section(AlgorithmSection, help=AlgorithmSection.__doc__)
+    kl: KLSection | None = section(KLSection, help=KLSection.__doc__)
+    critic: CriticSection | None = section(CriticSection, help=CriticSection.__doc__)
+    optim: OptimSection | None = section(OptimSection, help=OptimSection.__doc__)
+    engine: EngineSection | None = section(EngineSection, help=EngineSection.__doc__)
+    checkpoint: CheckpointSection | None = section(CheckpointSection, help=CheckpointSection.__doc__)
+    sft: SFTSection | None = section(SFTSection, help=SFTSection.__doc__)
 
     def __post_init__(self):
-        # the types first (every rule below compares values), then the numbers' ranges (before any rule
-        # divides by one), then RolloutConfig's rules and this config's own (train/config_checks.py)
-        check_field_types(self, self.config_name, self.error_type)
+        # the sections first (each checked its fields' types when made), then those the algo does not use left
+        # out, then the numbers' ranges (before any rule divides by one), then the rules across fields
+        for f in dataclasses.fields(self):
+            object.__setattr__(self, f.name, _section_of(f, getattr(self, f.name)))
+        uses = self._algo().sections
+        for f in dataclasses.fields(self):
+            value = getattr(self, f.name)
+            if f.name in uses and value is None:
+                object.__setattr__(self, f.name, f.metadata[SECTION]())
+            elif f.name not in uses and value is not None:
+                given = sorted(set(leaf_values(value).items()) - set(leaf_values(type(value)()).items()))
+                if given:
+                    raise ConfigError(f"train config: algo {self.run.algo} has no [{f.name}] section; leave out "
+                                      f"{', '.join(name for name, _ in given)}")
+                object.__setattr__(self, f.name, None)
         check_numbers(self)
-        super().__post_init__()
         check_train_config(self)
+
+    def _algo(self):
+        algos = registries().ALGOS
+        if self.run.algo not in algos:
+            raise ConfigError(f"train config: algo must be one of {', '.join(algos.names())}, got {self.run.algo!r}")
+        return algos[self.run.algo]
 
     # ---- derived ------------------------------------------------------------------------------------
     @property
     def group_filter_name(self) -> str:
         """The group filter used (the algo's registered default when `group_filter` is None)."""
-        return group_filter_of(self.algo, self.advantage, self.group_filter)
+        return group_filter_of(self.run.algo, self.algorithm.advantage, self.algorithm.group_filter)
 
     @property
     def advantage_name(self) -> str:
         """The advantage estimator used (the algo's registered default when `advantage` is None)."""
-        return self.advantage or registries().ALGOS[self.algo].default_advantage
+        return self.algorithm.advantage or self._algo().default_advantage
 
     def turns_at(self, iteration: int) -> int:
         """The turn cap of iteration `iteration`'s (from 0) rollouts under the horizon curriculum."""
-        return horizon(iteration, self.horizon_start, self.horizon_every, self.max_turns)
+        r = self.rollout
+        return horizon(iteration, r.horizon_start, r.horizon_every, r.max_turns)
 
     @property
     def norm_constant(self) -> float:
-        return float(self.loss_norm_constant or self.max_new_tokens * self.max_turns)
+        return float(self.optim.loss_norm_constant or self.rollout.max_new_tokens * self.rollout.max_turns)
+
+    @property
+    def steps(self) -> int:
+        """How long the run is: its loop's counter (iterations for RL, sft.steps for SFT)."""
+        return self.value(self._algo().counter)
 
     def accum_steps(self, world_size: int) -> int:
         """Micro-batches per optimizer step per process for `world_size` processes."""
-        per = self.micro_batch * world_size
-        if self.grad_accum is not None:
-            if self.micro_batch * self.grad_accum * world_size != self.minibatch_size:
+        o = self.optim
+        per = o.micro_batch * world_size
+        if o.grad_accum is not None:
+            if o.micro_batch * o.grad_accum * world_size != o.minibatch_size:
                 raise ConfigError(
-                    f"train config: minibatch_size ({self.minibatch_size}) != micro_batch ({self.micro_batch}) * "
-                    f"grad_accum ({self.grad_accum}) * processes ({world_size}); fix one or unset grad_accum")
-            return self.grad_accum
-        if self.minibatch_size % per:
-            raise ConfigError(f"train config: minibatch_size ({self.minibatch_size}) is not a multiple of "
-                              f"micro_batch * processes ({self.micro_batch} * {world_size})")
-        return self.minibatch_size // per
+                    f"train config: minibatch_size ({o.minibatch_size}) != micro_batch ({o.micro_batch}) * "
+                    f"grad_accum ({o.grad_accum}) * processes ({world_size}); fix one or unset grad_accum")
+            return o.grad_accum
+        if o.minibatch_size % per:
+            raise ConfigError(f"train config: minibatch_size ({o.minibatch_size}) is not a multiple of "
+                              f"micro_batch * processes ({o.micro_batch} * {world_size})")
+        return o.minibatch_size // per
+
+    # ---- by flat name ---------------------------------------------------------------------------------
+    def value(self, name: str) -> Any:
+        """A field's value by its flat name (`kl_coef`), for code that names fields in tables (the checks'
+        ranges, an algo's counter); None for a field of a section the run leaves out."""
+        key, short = LEAVES[name]
+        holder = getattr(self, key)
+        return None if holder is None else getattr(holder, short)
 
     def replace(self, **changes: Any) -> TrainConfig:
-        """A copy with `changes` (checked again)."""
-        return dataclasses.replace(self, **changes)
+        """A copy with `changes`, each by flat name (`kl_coef=0.01`) or a whole section by its key (a mapping
+        of its fields, merged into the section's values), checked again."""
+        return config_from_dict({**self.to_dict(), **flatten(changes, "train config")})
 
     def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        """The config as a run stores it: {flat name: value} of the sections the run holds."""
+        return leaf_values(self)
 
     def differences(self, stored: dict[str, Any], *, start_policy: str | None = None,
                     spec_id: str | None = None) -> list[tuple[str, Any, Any]]:
@@ -328,9 +197,9 @@ class TrainConfig(RolloutConfig):
                     return None
                 return f"{old} (spec {stored['reward_spec_id']})", f"{new} (spec {spec_id})"
             if name == "advantage":  # None is the algo's default: compare the estimators actually used
-                return old or reg.DEFAULT_ADVANTAGE.get(stored.get("algo", self.algo), old), self.advantage_name
+                return old or reg.DEFAULT_ADVANTAGE.get(stored.get("algo", self.run.algo), old), self.advantage_name
             if name == "group_filter":  # likewise (a run stored before the filter existed kept every group)
-                algo = stored.get("algo", self.algo)
+                algo = stored.get("algo", self.run.algo)
                 used = old or (group_filter_of(algo, stored.get("advantage"), old) if algo in reg.ALGOS else old)
                 return used, self.group_filter_name
             return old, new
@@ -338,7 +207,20 @@ class TrainConfig(RolloutConfig):
         return differences(stored, self, adjust=adjust)
 
 
-FIELDS = {f.name for f in dataclasses.fields(TrainConfig)}
+#: flat name -> (section key, the field's name in its section), for every leaf of TrainConfig
+LEAVES: dict[str, tuple[str, str]] = {name: path for name, path, _ in leaf_fields(TrainConfig)}
+FIELDS = set(LEAVES)
+#: section key -> its class, in TrainConfig's order
+SECTIONS: dict[str, type] = {f.name: f.metadata[SECTION] for f in dataclasses.fields(TrainConfig)}
+#: section tables renamed since configs were written with them: old key -> new key
+RENAMED_SECTIONS = {"async": "asynchronous"}
+
+
+def dotted(name: str) -> str:
+    """A field's dotted name from its flat name: `kl_coef` is `kl.coef`, `lr` is `optim.lr`."""
+    return ".".join(LEAVES[name])
+
+
 # How a run is carried out, not what it trains, is declared `operational` on its field: it may differ when a run
 # id is restarted. iterations and sft_steps extend (or end sooner) the same run; env_url says where the env
 # server is now, not which env it serves; concurrency is how many episodes play at once, replicas on how many
@@ -370,24 +252,90 @@ def horizon(iteration: int, start: int, every: int, max_turns: int) -> int:
     return min(max_turns, start + iteration // every)
 
 
-def config_from_dict(data: dict[str, Any], source: str = "<dict>") -> TrainConfig:
-    """A TrainConfig from a flat mapping; unknown keys are an error naming them."""
-    unknown = sorted(set(data) - FIELDS)
-    if unknown:
-        raise ConfigError(f"{source}: unknown key(s) {', '.join(unknown)}; valid keys: {', '.join(sorted(FIELDS))}")
-    if "model" not in data:
-        raise ConfigError(f"{source}: `model` is required (a model folder or policy:ID)")
+def config_from_dict(data: Mapping[str, Any], source: str | None = None) -> TrainConfig:
+    """A TrainConfig from a mapping of flat names (`kl_coef`), section tables (`"kl": {"coef": 0.01}`) or both;
+    an unknown key, or a field given twice, is an error naming it (and `source`, where the mapping came from)."""
+    flat = flatten(data, source or "train config")
+    if "model" not in flat:
+        raise ConfigError(f"{source or 'train config'}: `model` is required (a model folder or policy:ID)")
+    tables: dict[str, dict[str, Any]] = {}
+    for name, value in flat.items():
+        key, short = LEAVES[name]
+        tables.setdefault(key, {})[short] = value
     try:
-        return TrainConfig(**data)
+        return TrainConfig(**tables)
     except ConfigError as e:
+        if source is None:
+            raise
         raise ConfigError(f"{source}: {e}") from None
-    except TypeError as e:
-        raise ConfigError(f"{source}: {e}") from None
+
+
+def config_from_stored(stored: Mapping[str, Any], source: str, **changes: Any) -> TrainConfig:
+    """The TrainConfig of a run's stored config (`runs.config`, keyed by flat names) with `changes`: its fields
+    of the sections its algo uses, so a config stored before the sections (which holds every field, an RL run's
+    `sft_steps` too) reads back as the run it was; the keys stored beside the fields (`start_policy`, ...) left
+    out."""
+    algos = registries().ALGOS
+    algo = stored.get("algo", RunSection.algo)  # the default algo, for a config stored without one
+    uses = algos[algo].sections if algo in algos else tuple(SECTIONS)
+    fields = {k: v for k, v in stored.items() if k in FIELDS and LEAVES[k][0] in uses}
+    return config_from_dict({**fields, **changes}, source)
+
+
+def flatten(data: Mapping[str, Any], where: str) -> dict[str, Any]:
+    """A mapping of flat names and section tables (a TOML file's, or `replace`'s changes) as flat names: each
+    table's keys by their flat names, the top level's as they are; a section given as a Section instance counts
+    as its table. ConfigError (one line, naming `where`) for an unknown section or key, and for a field given
+    both at the top level and in its section's table."""
+    flat = {k: v for k, v in data.items() if k not in SECTIONS}
+    unknown = sorted(set(flat) - FIELDS)
+    for key in unknown:
+        if key in RENAMED_SECTIONS:
+            raise ConfigError(f"{where}: the [{key}] section is now [{RENAMED_SECTIONS[key]}]; rename the table")
+    if unknown:
+        raise ConfigError(f"{where}: unknown key(s) {', '.join(unknown)}; valid keys: {', '.join(sorted(FIELDS))} "
+                          f"(or the sections {', '.join(SECTIONS)})")
+    for key, table in data.items():
+        if key not in SECTIONS or table is None:
+            continue
+        cls = SECTIONS[key]
+        if isinstance(table, cls):
+            table = {f.name: getattr(table, f.name) for f in dataclasses.fields(table)}
+        if not isinstance(table, Mapping):
+            raise ConfigError(f"{where}: [{key}] must be a table of its fields, got {table!r}")
+        for short, value in table.items():
+            if (key, short) not in _FLAT_OF:
+                valid = ", ".join(short for (k, short) in _FLAT_OF if k == key)
+                raise ConfigError(f"{where}: [{key}] has no key {short!r}; valid: {valid}")
+            name = _FLAT_OF[key, short]
+            if name in data:
+                raise ConfigError(f"{where}: {name} is given twice, at the top level and as {short} in [{key}]")
+            flat[name] = value
+    return flat
+
+
+#: (section key, field name in it) -> flat name
+_FLAT_OF = {path: name for name, path in LEAVES.items()}
+
+
+def _section_of(f: dataclasses.Field, value: Any) -> Any:
+    """TrainConfig's field `f` as its section: a mapping of its fields made into one (unknown keys refused),
+    an instance or None kept; anything else refused."""
+    cls = f.metadata[SECTION]
+    if value is None or isinstance(value, cls):
+        return value
+    if isinstance(value, Mapping):
+        unknown = sorted(set(value) - {g.name for g in dataclasses.fields(cls)})
+        if unknown:
+            raise ConfigError(f"train config: [{f.name}] has no key {unknown[0]!r}; valid: "
+                              f"{', '.join(g.name for g in dataclasses.fields(cls))}")
+        return cls(**value)
+    raise ConfigError(f"train config: [{f.name}] must be a table of its fields, got {value!r}")
 
 
 def load_config(path: str | Path, **overrides: Any) -> TrainConfig:
-    """Read a TrainConfig from a TOML file (each field at the top level or in its section's table:
-    train/config_sections.py); `overrides` (not None) replace file values."""
+    """Read a TrainConfig from a TOML file (each field in its section's table, or at the top level by its flat
+    name); `overrides` (by flat name; not None) replace file values."""
     path = Path(path)
     try:
         data = tomllib.loads(read_text_file(path, "train config", error=ConfigError))
@@ -395,10 +343,11 @@ def load_config(path: str | Path, **overrides: Any) -> TrainConfig:
         raise ConfigError(f"{path}: invalid TOML: {e}") from None
     except RecursionError:  # tomllib parses nested arrays and tables recursively
         raise ConfigError(f"{path}: not a train config: its values nest too deep for TOML's reader") from None
-    data = flatten(data, str(path), ConfigError)
+    data = flatten(data, str(path))
     data.update({k: v for k, v in overrides.items() if v is not None})
     return config_from_dict(data, str(path))
 
 
-__all__ = ["TrainConfig", "CONFIGS_DIR", "ConfigError", "load_config", "config_from_dict", "RUN_FIELDS",
-           "RESUMABLE_FIELDS", "ADDED_FIELDS", "horizon"]
+__all__ = ["TrainConfig", "CONFIGS_DIR", "ConfigError", "load_config", "config_from_dict", "config_from_stored",
+           "flatten", "dotted",
+           "LEAVES", "SECTIONS", "RUN_FIELDS", "RESUMABLE_FIELDS", "ADDED_FIELDS", "horizon"]

@@ -23,16 +23,16 @@ FUSED_ADAM_DEVICES = ("cpu", "cuda")
 def ds_config(cfg: TrainConfig, world: int, *, lr: float | None = None, optimizer: bool = True) -> dict:
     """The DeepSpeed config dict a TrainConfig stands for."""
     accum = cfg.accum_steps(world)
-    zero: dict[str, Any] = {"stage": cfg.zero_stage}
-    if cfg.zero_stage == 3:
+    zero: dict[str, Any] = {"stage": cfg.engine.zero_stage}
+    if cfg.engine.zero_stage == 3:
         zero["stage3_gather_16bit_weights_on_model_save"] = True
     conf: dict[str, Any] = {
-        "train_micro_batch_size_per_gpu": cfg.micro_batch,
+        "train_micro_batch_size_per_gpu": cfg.optim.micro_batch,
         "gradient_accumulation_steps": accum,
-        "train_batch_size": cfg.micro_batch * accum * world,
-        "gradient_clipping": cfg.grad_clip,
+        "train_batch_size": cfg.optim.micro_batch * accum * world,
+        "gradient_clipping": cfg.optim.grad_clip,
         "zero_optimization": zero,
-        "bf16": {"enabled": cfg.dtype == "bf16"},
+        "bf16": {"enabled": cfg.engine.dtype == "bf16"},
         "steps_per_print": 2**31 - 1,
         "wall_clock_breakdown": False,
     }
@@ -40,16 +40,16 @@ def ds_config(cfg: TrainConfig, world: int, *, lr: float | None = None, optimize
         # torch_adam: torch's AdamW, nothing to compile (DeepSpeed's fused CPU Adam builds a C++ op first); its
         # fused kernel where torch has one: one pass over each tensor instead of one per operation (a third of
         # the step's time on a CPU), the same update to float rounding
-        params = {"lr": cfg.lr if lr is None else lr, "betas": [0.9, 0.999], "eps": 1e-8,
-                  "weight_decay": cfg.weight_decay, "torch_adam": True}
+        params = {"lr": cfg.optim.lr if lr is None else lr, "betas": [0.9, 0.999], "eps": 1e-8,
+                  "weight_decay": cfg.optim.weight_decay, "torch_adam": True}
         if device().type in FUSED_ADAM_DEVICES:
             params["fused"] = True
         conf["optimizer"] = {"type": "AdamW", "params": params}
-        if lr is None and cfg.lr_warmup_steps:  # the actor's lr only (a critic passes its own)
+        if lr is None and cfg.optim.lr_warmup_steps:  # the actor's lr only (a critic passes its own)
             conf["scheduler"] = {"type": "WarmupLR", "params": {
                 # the first step at lr / N (from 0, DeepSpeed's first step would be wasted), lr from step N on
-                "warmup_min_lr": cfg.lr / cfg.lr_warmup_steps, "warmup_max_lr": cfg.lr,
-                "warmup_num_steps": cfg.lr_warmup_steps, "warmup_type": "linear"}}
+                "warmup_min_lr": cfg.optim.lr / cfg.optim.lr_warmup_steps, "warmup_max_lr": cfg.optim.lr,
+                "warmup_num_steps": cfg.optim.lr_warmup_steps, "warmup_type": "linear"}}
     return conf
 
 
@@ -84,7 +84,7 @@ def make_engine(model: nn.Module, cfg: TrainConfig, world: int, *, lr: float | N
 
     params = [p for p in model.parameters() if p.requires_grad]
     engine, *_ = deepspeed.initialize(model=model, model_parameters=params, config=ds_config(cfg, world, lr=lr))
-    if world == 1 and cfg.zero_stage == 0:
+    if world == 1 and cfg.engine.zero_stage == 0:
         # one process, no ZeRO optimizer to hand the gradients to: DeepSpeed's all-reduce would flatten every
         # gradient into one buffer, scale it by 1 and copy it back at each optimizer step (on SmolLM2-135M,
         # two copies of 540 MB per step), and leave them as they were
@@ -97,12 +97,12 @@ def make_frozen(model: nn.Module, cfg: TrainConfig, world: int):
     actor), else the module itself in eval mode in the training dtype."""
     model.requires_grad_(False)
     model.eval()
-    if cfg.zero_stage == 3:
+    if cfg.engine.zero_stage == 3:
         import deepspeed
 
         engine, *_ = deepspeed.initialize(model=model, config=ds_config(cfg, world, optimizer=False))
         return engine
-    return model.to(device(), dtype=torch.bfloat16 if cfg.dtype == "bf16" else torch.float32)
+    return model.to(device(), dtype=torch.bfloat16 if cfg.engine.dtype == "bf16" else torch.float32)
 
 
 @dataclass
@@ -127,12 +127,12 @@ def build_engines(cfg: TrainConfig, model_path: str, *, critic_path: str | None 
     """Actor from `model_path`; critic (a value head on `critic_path` or the actor's body) when `critic`;
     a frozen reference from `ref_path` (default the actor's start) when `ref`."""
     rank, world = init_distributed()
-    torch.manual_seed(cfg.seed)
+    torch.manual_seed(cfg.run.seed)
     tokenizer = load_tokenizer(model_path)
     engines = Engines(make_engine(load_model(model_path), cfg, world), tokenizer, rank=rank, world=world)
     if critic:
         engines.critic = make_engine(ValueModel.from_pretrained(critic_path or model_path), cfg, world,
-                                     lr=cfg.critic_lr)
+                                     lr=cfg.critic.lr)
     if ref:
         engines.ref = make_frozen(load_model(ref_path or model_path), cfg, world)
     return engines

@@ -45,7 +45,7 @@ class NonFiniteError(TrajlakeError):
     def stopped(self, run_id: str, step: str, cfg: TrainConfig) -> NonFiniteError:
         """The error as the run reports it: which run, which step (`iteration 3`, `step 12`), what was not
         finite, that nothing of the step was stored, and what to change."""
-        lr = ("critic_lr", cfg.critic_lr) if self.what.startswith("critic") else ("lr", cfg.lr)
+        lr = ("critic_lr", cfg.critic.lr) if self.what.startswith("critic") else ("lr", cfg.optim.lr)
         return NonFiniteError(self.what, self.value, (
             f"train run {run_id} stopped at {step}: the {self.what} {self._was} not finite{self._seen}; nothing "
             f"of that step was stored (no checkpoint, no policy) and the run is marked failed: lower {lr[0]} (it "

@@ -52,26 +52,26 @@ class RunResult:
 
 def train(config: TrainConfig, lake: Lake | None) -> RunResult:
     """GRPO/PPO iterations (or, for algo sft, `sft`). Every rank calls it; only rank 0 needs `lake`."""
-    if ALGOS[config.algo].loop == SFT_LOOP:
+    if ALGOS[config.run.algo].loop == SFT_LOOP:
         return sft(config, lake)
     from trajlake.rewards import default_spec, load_spec
 
     c = config
-    spec = load_spec(c.reward_spec) if c.reward_spec else default_spec()
+    spec = load_spec(c.run.reward_spec) if c.run.reward_spec else default_spec()
     r = TrainRun(config, lake, "train", spec_id=spec.spec_id)
 
     check_before_writing(r, spec)
-    algo = ALGOS[c.algo]
+    algo = ALGOS[c.run.algo]
     with r.life():  # the lease before the engines; finished, or failed with the error, once started
         engines = r.build(critic=algo.needs_critic, ref=algo.needs_reference(c))
         kl_ctl, data = _start_rl(r, engines, spec)
         result = RunResult(r.run_id, r.policy_id, r.step)
         source = rollout_source(r, engines, spec, data)
-        streak = NoSignalStreak(c.temperature)
+        streak = NoSignalStreak(c.rollout.temperature)
         # the source closed when the run ends however it ends (the async collectors stop playing)
-        with contextlib.closing(source), TrainProgress(c.iterations, enabled=c.progress and r.main, run_id=r.run_id,
-                                                  done=r.step) as bar:
-            if r.step == 0 and c.eval_every:
+        with contextlib.closing(source), TrainProgress(c.run.iterations, enabled=c.run.progress and r.main,
+                                                       run_id=r.run_id, done=r.step) as bar:
+            if r.step == 0 and c.eval.every:
                 m = evaluate(r, engines, r.policy_id, r.model_path, 0)
                 if r.main:
                     r.commit(step=0, metrics=m, snapshot_read=None)
@@ -79,7 +79,7 @@ def train(config: TrainConfig, lake: Lake | None) -> RunResult:
             guard = on_main(r.main, lambda: _guard_state(r))
             if guard["stopped"] and r.main:
                 bar.warn(f"stopped earlier: {guard['stopped']}; a new run id trains again")
-            while r.step < c.iterations and not guard["stopped"]:
+            while r.step < c.run.iterations and not guard["stopped"]:
                 metrics = _iteration(r, engines, source, spec, kl_ctl, data, streak, guard, bar)
                 result.policy_id, result.step = r.policy_id, r.step
                 result.history.append(metrics)
@@ -92,7 +92,7 @@ def rollout_source(r: TrainRun, engines, spec, data):
     collectors start here), or each iteration's own fresh rollouts."""
     if data is not None:
         return StoredRollouts(r, data, spec)
-    if r.cfg.async_collectors:
+    if r.cfg.asynchronous.collectors:
         return AsyncRollouts(r, spec)
     return FreshRollouts(r, engines, spec)
 
@@ -103,11 +103,11 @@ def _start_rl(r: TrainRun, engines, spec) -> tuple[Any, Any]:
     from trajlake.train.sources.stored import stored_data
 
     c = r.cfg
-    kl_ctl = make_kl_controller(c.kl_controller, c.kl_coef, c.kl_target, c.kl_horizon)
+    kl_ctl = make_kl_controller(c.kl.controller, c.kl.coef, c.kl.target, c.kl.horizon)
     if "kl_controller" in r.state:
         kl_ctl.load_state_dict(r.state["kl_controller"])
     data = None
-    if c.train_filter:
+    if c.data.train_filter:
         pinned = r.stored.config.get("train_snapshot_read") if r.stored else None
         data = on_main(r.main, lambda: stored_data(r.lake, c, spec, pinned))
     # the engine its rollouts and evaluations play on, recorded with the run's config (rank 0 plays them)
@@ -138,10 +138,10 @@ def _iteration(r: TrainRun, engines, source, spec, kl_ctl, data, streak: NoSigna
         bar.warn(warning)
     r.step = it + 1
     row, path = r.checkpoint(engines, {"step": r.step, "kl_controller": kl_ctl.state_dict()})
-    if c.eval_every and (r.step % c.eval_every == 0 or r.step == c.iterations):
+    if c.eval.every and (r.step % c.eval.every == 0 or r.step == c.run.iterations):
         metrics.update(evaluate(r, engines, row.policy_id, str(path), r.step))
         now = EvalPoint(r.step, metrics["eval_success"], metrics["eval_episodes"])
-        why = regression(guard["start"], now) if c.stop_on_regression else None
+        why = regression(guard["start"], now) if c.eval.stop_on_regression else None
         if why:
             metrics["stopped"] = guard["stopped"] = why
             if r.main:
@@ -169,13 +169,13 @@ def check_before_writing(r: TrainRun, spec) -> None:
 
     c = r.cfg
     on_main(r.main, lambda: rollout_config(r, r.policy_id, 0))
-    if c.eval_every:
+    if c.eval.every:
         on_main(r.main, lambda: eval_config(r, r.policy_id, 0))
-    if c.train_filter:
+    if c.data.train_filter:
         on_main(r.main, lambda: check_train_filter(r.lake, c))
-    if c.replay_filter:
-        on_main(r.main, lambda: check_episode_filter(r.lake, c.replay_filter, field="replay_filter"))
-    if c.async_collectors:
+    if c.data.replay_filter:
+        on_main(r.main, lambda: check_episode_filter(r.lake, c.data.replay_filter, field="replay_filter"))
+    if c.asynchronous.collectors:
         on_main(r.main, lambda: check_async_lake(r.lake))
     if ADVANTAGES[c.advantage_name].turn_level and ALLOCATIONS[spec.allocation.strategy].discounts:
         raise ConfigError(f"train config: advantage {c.advantage_name} discounts across turns itself (gamma); the "
@@ -199,21 +199,21 @@ def iteration_metrics(it: int, batch, update: dict[str, float], got: IterationEp
 
 
 def sft(config: TrainConfig, lake: Lake | None) -> RunResult:
-    """Supervised fine-tuning on the episodes `config.sft_filter` selects (e.g. successful scripted-expert
+    """Supervised fine-tuning on the episodes `config.sft.filter` selects (e.g. successful scripted-expert
     ones): cross-entropy on their response tokens, `sft_steps` optimizer steps of `minibatch_size`."""
     r = TrainRun(config, lake, "sft")
     c = config
     snap, seqs = on_main(r.main, lambda: _sft_episodes(r))
     if not seqs:
-        raise ConfigError(f"train config: no episodes match sft_filter ({c.sft_filter}) at snapshot {snap} (episodes "
+        raise ConfigError(f"train config: no episodes match sft_filter ({c.sft.filter}) at snapshot {snap} (episodes "
                           "that ended in an env error or hold no agent tokens never do)")
     with r.life():  # the lease before the engines; finished, or failed with the error, once started
         engines = r.build()
         batch = collate(seqs, engines.pad_id)
         r.start()  # the first write: everything above only read, so a refused run left no trace
         result = RunResult(r.run_id, r.policy_id, r.step)
-        with TrainProgress(c.sft_steps, enabled=c.progress and r.main, run_id=r.run_id, done=r.step,
-                           every=c.log_every) as bar:
+        with TrainProgress(c.sft.steps, enabled=c.run.progress and r.main, run_id=r.run_id, done=r.step,
+                           every=c.run.log_every) as bar:
             _sft_steps(r, engines, batch, snap, result, bar)
     return result
 
@@ -222,9 +222,9 @@ def _sft_steps(r: TrainRun, engines, batch, snap: int, result: RunResult, bar: T
     """SFT's steps from where the run is to sft_steps: a checkpoint and a train_steps row every
     checkpoint_every steps and at the last, a metrics row every log_every."""
     c, n, t0 = r.cfg, batch.size, time.perf_counter()
-    rows_of = _sft_rows(n, min(c.minibatch_size, n), c.seed)
+    rows_of = _sft_rows(n, min(c.optim.minibatch_size, n), c.run.seed)
     trained: dict[str, None] = {}  # lineage: the episodes of the steps since the last row, in order
-    while r.step < c.sft_steps:
+    while r.step < c.sft.steps:
         rows = rows_of(r.step)
         try:
             m = sft_update(engines, batch, rows, c)
@@ -235,15 +235,15 @@ def _sft_steps(r: TrainRun, engines, batch, snap: int, result: RunResult, bar: T
         m = {"step": r.step, "episodes": n, **m, "elapsed_s": time.perf_counter() - t0}
         result.history.append(m)
         bar.update(r.step, m)
-        last = r.step == c.sft_steps
-        if last or (c.checkpoint_every and r.step % c.checkpoint_every == 0):
+        last = r.step == c.sft.steps
+        if last or (c.checkpoint.every and r.step % c.checkpoint.every == 0):
             row, path = r.checkpoint(engines, {"step": r.step})
             if r.main:
                 r.commit(step=r.step, metrics=m, snapshot_read=snap, policy=row, episode_ids=tuple(trained))
             trained.clear()
             r.policy_id = result.policy_id = row.policy_id
             result.step = r.step
-        elif r.step % c.log_every == 0 and r.main:
+        elif r.step % c.run.log_every == 0 and r.main:
             r.commit(step=r.step, metrics=m, snapshot_read=snap, episode_ids=tuple(trained))
             trained.clear()
 
@@ -252,12 +252,12 @@ def _sft_episodes(r: TrainRun) -> tuple[int, list]:
     """Rank 0: (the snapshot SFT reads: sft_snapshot, else the one a resumed run read, else the latest; the
     episodes sft_filter selects there). A snapshot the lake lacks, or a bad filter, is refused naming it."""
     c = r.cfg
-    snap = c.sft_snapshot or (r.resume.snapshot_read if r.resume else None) or r.lake.current_snapshot()
-    if c.sft_snapshot is not None and c.sft_snapshot not in r.lake.snapshots()["snapshot_id"].to_list():
-        raise ConfigError(f"train config: sft_snapshot {c.sft_snapshot} is not a snapshot of the lake "
+    snap = c.sft.snapshot or (r.resume.snapshot_read if r.resume else None) or r.lake.current_snapshot()
+    if c.sft.snapshot is not None and c.sft.snapshot not in r.lake.snapshots()["snapshot_id"].to_list():
+        raise ConfigError(f"train config: sft_snapshot {c.sft.snapshot} is not a snapshot of the lake "
                           "(trajlake snapshots lists them)")
-    check_episode_filter(r.lake, c.sft_filter, field="sft_filter", snapshot=snap)  # a bad filter names it
-    return snap, load_episodes(r.lake, c.sft_filter, snapshot=snap)
+    check_episode_filter(r.lake, c.sft.filter, field="sft_filter", snapshot=snap)  # a bad filter names it
+    return snap, load_episodes(r.lake, c.sft.filter, snapshot=snap)
 
 
 def _sft_rows(n: int, mb: int, seed: int):

@@ -53,11 +53,11 @@ def micro_shares(batch: Batch, rows: list[int], cfg: TrainConfig, world: int, ra
     `tokens_read`)."""
     lengths = batch.lengths
     per_rank = -(-len(rows) // world)
-    count = max(1, -(-per_rank // cfg.micro_batch))
+    count = max(1, -(-per_rank // cfg.optim.micro_batch))
     mine = shard(rows, lengths, rank, world)
-    groups = micro_batches(lengths, mine, cfg.micro_batch, count)
+    groups = micro_batches(lengths, mine, cfg.optim.micro_batch, count)
     if share and len(mine) > 1:
-        by_group = micro_batches(lengths, mine, cfg.micro_batch, count, keys=batch.group_ids)
+        by_group = micro_batches(lengths, mine, cfg.optim.micro_batch, count, keys=batch.group_ids)
         if by_group != groups and tokens_read(batch, by_group) < tokens_read(batch, groups):
             groups = by_group
     for mb in groups:
@@ -84,7 +84,7 @@ def tokens_read(batch: Batch, groups: list[list[int]]) -> int:
 
 def denominator(batch: Batch, rows: list[int], cfg: TrainConfig, world: int) -> float:
     m = batch.loss_mask[torch.as_tensor(rows, dtype=torch.long)]
-    return float(AGG_MODES[cfg.agg_mode].count(m)) / world  # tokens or sequences, as the mode divides by
+    return float(AGG_MODES[cfg.optim.agg_mode].count(m)) / world  # tokens or sequences, as the mode divides by
 
 
 @torch.no_grad()

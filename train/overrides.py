@@ -14,17 +14,15 @@ import types
 import typing
 from typing import Any
 
-from trajlake.train.config_sections import SECTION_OF, SECTIONS, dotted
-
 #: the types one value on a command line parses as
 _SCALARS = (str, int, float, bool)
 
 
 def override_fields() -> tuple[str, ...]:
-    """The overridable fields: every TrainConfig field, in declaration order."""
-    from trajlake.train.config import TrainConfig  # here, not at import: the module imports torch
+    """The overridable fields, by flat name: every leaf of TrainConfig, section by section."""
+    from trajlake.train.config import LEAVES  # here, not at import: the module imports torch
 
-    return tuple(f.name for f in dataclasses.fields(TrainConfig))
+    return tuple(LEAVES)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -48,18 +46,18 @@ class Override:
 
 
 def override_specs() -> list[Override]:
-    """Every TrainConfig field as an option, from its annotation and help, section by section (in SECTIONS'
+    """Every TrainConfig leaf as an option, from its annotation and help, section by section (in TrainConfig's
     order; in declaration order within one)."""
-    from trajlake.core.config_types import field_docs
-    from trajlake.train.config import TrainConfig  # here, not at import: the module imports torch
+    from trajlake.core.config_types import field_docs, leaf_fields
+    from trajlake.train.config import SECTIONS, TrainConfig  # here, not at import: the module imports torch
 
-    hints = typing.get_type_hints(TrainConfig)
     docs = field_docs(TrainConfig)
+    hints = {key: typing.get_type_hints(cls) for key, cls in SECTIONS.items()}
     out = []
-    for name in sorted(override_fields(), key=lambda f: list(SECTIONS).index(SECTION_OF[f])):
-        value_type, repeated = _option_type(name, hints[name])
-        out.append(Override(field=name, option=option_name(name), dotted=dotted_option(name),
-                            section=SECTION_OF[name], type=value_type, repeated=repeated, help=docs[name]))
+    for name, (key, short), _ in leaf_fields(TrainConfig):
+        value_type, repeated = _option_type(name, hints[key][short])
+        out.append(Override(field=name, option=option_name(name), dotted=dotted_option(name), section=key,
+                            type=value_type, repeated=repeated, help=docs[name]))
     return out
 
 
@@ -71,6 +69,8 @@ def option_name(field: str) -> str:
 def dotted_option(field: str) -> str:
     """The command-line option of a config field by its dotted name: `kl_coef` is `--kl.coef`,
     `lr_warmup_steps` is `--optim.lr-warmup-steps`."""
+    from trajlake.train.config import dotted
+
     section, short = dotted(field).split(".", 1)
     return f"--{section}.{short.replace('_', '-')}"
 

@@ -25,7 +25,7 @@ from trajlake.store import Lake, runs
 from trajlake.train.algos import ALGOS, SFT_LOOP, make_kl_controller
 from trajlake.train.batch import load_episodes
 from trajlake.train.checkpoint import DS_DIR, STATE_FILE, load_state, machine_state, resolve_model
-from trajlake.train.config import FIELDS, config_from_dict
+from trajlake.train.config import config_from_stored
 from trajlake.train.engine import build_engines
 from trajlake.train.steps import iteration_update
 
@@ -88,10 +88,9 @@ def _stored_config(lake: Lake, run_id: str):
     stored = run.config
     # run_id left out: a replay writes nothing under it, and a run from before run ids were checked (`a/b`)
     # still replays
-    cfg = config_from_dict({**{k: v for k, v in stored.items() if k in FIELDS}, "run_id": None, "progress": False},
-                           f"run {run_id}'s stored config")
-    if ALGOS[cfg.algo].loop == SFT_LOOP:
-        raise ReplayError(f"run {run_id} is an {cfg.algo} run: --replay recomputes RL iterations (an SFT step "
+    cfg = config_from_stored(stored, f"run {run_id}'s stored config", run_id=None, progress=False)
+    if ALGOS[cfg.run.algo].loop == SFT_LOOP:
+        raise ReplayError(f"run {run_id} is an {cfg.run.algo} run: --replay recomputes RL iterations (an SFT step "
                           "is a mini-batch of its sft_filter; its checkpoints are every checkpoint_every steps)")
     return cfg, stored
 
@@ -182,11 +181,11 @@ def replay_step(lake: Lake, run_id: str, step: int) -> StepReplay:
     if [s.episode_id for s in seqs] != list(this["episode_ids"]):
         raise ReplayError(f"step {step} of run {run_id} trained on {len(this['episode_ids'])} episodes; its "
                           f"episodes_where reads {len(seqs)} others or in another order at snapshot {snap} now")
-    algo = ALGOS[cfg.algo]
+    algo = ALGOS[cfg.run.algo]
     engines = build_engines(cfg, str(prev_path or start), critic=algo.needs_critic, ref=algo.needs_reference(cfg),
                               ref_path=start, critic_path=start)
     state = load_state(engines, prev_path) if prev_path is not None else {}
-    kl_ctl = make_kl_controller(cfg.kl_controller, cfg.kl_coef, cfg.kl_target, cfg.kl_horizon)
+    kl_ctl = make_kl_controller(cfg.kl.controller, cfg.kl.coef, cfg.kl.target, cfg.kl.horizon)
     if "kl_controller" in state:
         kl_ctl.load_state_dict(state["kl_controller"])
     iteration_update(engines, seqs, cfg, kl_ctl, step - 1)

@@ -75,9 +75,10 @@ def old_logprobs_from_update(engines: Engines, batch: Batch, cfg: TrainConfig) -
     mini-batch (a single optimizer step, after every micro-batch's loss), no dropout (train- and eval-mode
     passes agree), the actor trained every iteration (no critic warm-up), and nothing needing pi_old before
     the update (is_cap, a KL penalty in the rewards)."""
-    if not (OLD_LOGPROB_SOURCES[cfg.old_logprobs].recomputed and cfg.epochs == 1 and batch.size <= cfg.minibatch_size
-            and cfg.critic_warmup == 0 and cfg.is_cap is None
-            and not (engines.ref is not None and KL_PLACEMENTS[cfg.kl_mode].in_rewards)):
+    if not (OLD_LOGPROB_SOURCES[cfg.algorithm.old_logprobs].recomputed and cfg.optim.epochs == 1
+            and batch.size <= cfg.optim.minibatch_size
+            and cfg.critic.warmup == 0 and cfg.algorithm.is_cap is None
+            and not (engines.ref is not None and KL_PLACEMENTS[cfg.kl.mode].in_rewards)):
         return False
     module = getattr(engines.actor, "module", engines.actor)
     if any(isinstance(m, torch.nn.Dropout) and m.p > 0 for m in module.modules()):
@@ -91,7 +92,7 @@ def old_logprobs_from_update(engines: Engines, batch: Batch, cfg: TrainConfig) -
 def _old_logprobs(engines: Engines, batch: Batch, cfg: TrainConfig) -> torch.Tensor:
     share = can_share_prefix(engines.actor)
     return per_token(batch, cfg, lambda s: forward_logprobs(engines.actor, s.input_ids, s.attention_mask,
-                                                               temperature=cfg.temperature,
+                                                               temperature=cfg.rollout.temperature,
                                                                start=first_scored(s.loss_mask),
                                                                share_prefix=share)[0], engines, share=share)
 
@@ -127,7 +128,7 @@ def prepare(engines: Engines, batch: Batch, cfg: TrainConfig, kl_ctl) -> tuple[P
                            engines)
     adv, ret = _advantages(batch, cfg, rewards, values, keep, metrics)
     rest = (0.0, 0.0)
-    if lazy and cfg.drop_zero_advantage:  # pi_old of the rows left out of the update (no advantage) is
+    if lazy and cfg.algorithm.drop_zero_advantage:  # pi_old of the rows left out of the update (no advantage) is
         # needed only for the behaviour_kl metric
         others = (~(adv * mask != 0).any(-1) & beh.both.any(-1)).nonzero()[:, 0].tolist()
         if others:
@@ -163,7 +164,7 @@ def _pi_old(engines: Engines, batch: Batch, cfg: TrainConfig, beh: _Behaviour,
     says; the behaviour_kl and is_weight_mean metrics into `metrics`."""
     mask = batch.loss_mask
     lazy = old_logprobs_from_update(engines, batch, cfg)
-    recomputed = OLD_LOGPROB_SOURCES[cfg.old_logprobs].recomputed
+    recomputed = OLD_LOGPROB_SOURCES[cfg.algorithm.old_logprobs].recomputed
     if not recomputed:
         if not bool(beh.known.all()):
             bad = batch.episode_ids[int((~beh.known).any(-1).nonzero()[0, 0])]
@@ -178,8 +179,8 @@ def _pi_old(engines: Engines, batch: Batch, cfg: TrainConfig, beh: _Behaviour,
     else:
         old = _old_logprobs(engines, batch, cfg)
     is_weights = None
-    if cfg.is_cap is not None:
-        w = torch.exp((old - beh.logprobs).clamp(-20, 20)).clamp(max=cfg.is_cap)
+    if cfg.algorithm.is_cap is not None:
+        w = torch.exp((old - beh.logprobs).clamp(-20, 20)).clamp(max=cfg.algorithm.is_cap)
         is_weights = torch.where(beh.known & (mask > 0), w, torch.ones_like(w))
         metrics["is_weight_mean"] = float(masked_mean(is_weights, mask))
     if beh.both.any() and not lazy and recomputed:  # k1 estimate of KL(mu || pi_old)
@@ -192,13 +193,13 @@ def _reference(engines: Engines, batch: Batch, cfg: TrainConfig, kl_ctl, keep: t
     """(the reference policy's log-probs where a KL anchor needs them, else None; the token rewards, less the KL
     penalty where the run's KL placement puts it in the rewards)."""
     rewards = batch.token_rewards.clone()
-    in_rewards = KL_PLACEMENTS[cfg.kl_mode].in_rewards
-    if engines.ref is None or not (bool(keep.any()) or in_rewards or not cfg.drop_zero_advantage):
+    in_rewards = KL_PLACEMENTS[cfg.kl.mode].in_rewards
+    if engines.ref is None or not (bool(keep.any()) or in_rewards or not cfg.algorithm.drop_zero_advantage):
         return None, rewards
     ref = per_token(batch, cfg, lambda s: forward_logprobs(engines.ref, s.input_ids, s.attention_mask,
-                                                              temperature=cfg.temperature)[0], engines)
+                                                              temperature=cfg.rollout.temperature)[0], engines)
     if in_rewards:
-        rewards, m = apply_kl_penalty(rewards, old, ref, batch.loss_mask, kl_ctl.value, cfg.kl_estimator)
+        rewards, m = apply_kl_penalty(rewards, old, ref, batch.loss_mask, kl_ctl.value, cfg.kl.estimator)
         kl_ctl.update(m["kl"], batch.size)
         metrics["kl"] = m["kl"]
     return ref, rewards
@@ -210,15 +211,15 @@ def _advantages(batch: Batch, cfg: TrainConfig, rewards: torch.Tensor, values: t
     advantage_floor where one is set; their mean and mean magnitude (and the share floored) into `metrics`."""
     mask = batch.loss_mask
     adv, ret = ADVANTAGES[cfg.advantage_name](
-        token_level_rewards=rewards, mask=mask, values=values, group_ids=batch.group_ids, gamma=cfg.gamma,
-        lam=cfg.lam, whiten=cfg.whiten_advantages, norm_by_std=cfg.norm_adv_by_std,
+        token_level_rewards=rewards, mask=mask, values=values, group_ids=batch.group_ids, gamma=cfg.algorithm.gamma,
+        lam=cfg.algorithm.lam, whiten=cfg.algorithm.whiten_advantages, norm_by_std=cfg.algorithm.norm_adv_by_std,
         **turn_inputs(cfg.advantage_name, batch, cfg))
     adv = torch.where(keep.to(adv.device).unsqueeze(-1), adv, torch.zeros_like(adv))
     m = mask > 0
-    if cfg.advantage_floor is not None:
-        floored = (adv < cfg.advantage_floor) & m
+    if cfg.algorithm.advantage_floor is not None:
+        floored = (adv < cfg.algorithm.advantage_floor) & m
         metrics["adv_floored"] = float(floored.any(-1).float().mean())  # the share of sequences raised
-        adv = torch.where(floored, torch.full_like(adv, cfg.advantage_floor), adv)
+        adv = torch.where(floored, torch.full_like(adv, cfg.algorithm.advantage_floor), adv)
     metrics.update(adv_mean=float(adv[m].mean()), adv_abs_mean=float(adv[m].abs().mean()))
     return adv, ret
 
@@ -283,21 +284,21 @@ def minibatch_step(engine, batch: Batch, rows: list[int], cfg: TrainConfig, engi
 def actor_loss_terms(lp: torch.Tensor, ent: torch.Tensor, mask: torch.Tensor, cfg: TrainConfig, kl_ctl,
                      denom: float | None, *, old_logprobs: torch.Tensor, advantages: torch.Tensor,
                      is_weights: torch.Tensor | None = None, ref_logprobs: torch.Tensor | None = None):
-    """The actor's loss on one micro-batch, all (b, t): POLICY_LOSSES[cfg.policy_loss], minus the entropy
+    """The actor's loss on one micro-batch, all (b, t): POLICY_LOSSES[cfg.algorithm.policy_loss], minus the entropy
     bonus, plus the KL loss (kl_mode loss, when `ref_logprobs` is given). Returns (loss, metrics)."""
-    policy_loss = POLICY_LOSSES[cfg.policy_loss]
+    policy_loss = POLICY_LOSSES[cfg.algorithm.policy_loss]
     loss, m = policy_loss(log_probs=lp, old_log_probs=old_logprobs, advantages=advantages, mask=mask,
-                          agg_mode=cfg.agg_mode, is_weights=is_weights, denominator=denom,
+                          agg_mode=cfg.optim.agg_mode, is_weights=is_weights, denominator=denom,
                           norm_constant=cfg.norm_constant, **policy_loss.settings(cfg))
     m = dict(m)
     with torch.no_grad():
         m["entropy"] = float(masked_mean(ent, mask))
-    if cfg.entropy_coef > 0:
-        loss = loss - cfg.entropy_coef * aggregate(ent, mask, cfg.agg_mode, denominator=denom,
+    if cfg.algorithm.entropy_coef > 0:
+        loss = loss - cfg.algorithm.entropy_coef * aggregate(ent, mask, cfg.optim.agg_mode, denominator=denom,
                                                    norm_constant=cfg.norm_constant)
-    if ref_logprobs is not None and not KL_PLACEMENTS[cfg.kl_mode].in_rewards:
-        kl = kl_penalty(lp, ref_logprobs, mask, cfg.kl_estimator)
-        loss = loss + kl_ctl.value * aggregate(kl, mask, cfg.agg_mode, denominator=denom,
+    if ref_logprobs is not None and not KL_PLACEMENTS[cfg.kl.mode].in_rewards:
+        kl = kl_penalty(lp, ref_logprobs, mask, cfg.kl.estimator)
+        loss = loss + kl_ctl.value * aggregate(kl, mask, cfg.optim.agg_mode, denominator=denom,
                                                norm_constant=cfg.norm_constant)
         m["kl"] = float(masked_mean(kl.detach(), mask))
     return loss, m
@@ -309,8 +310,8 @@ def _actor_loss(engines: Engines, prep: Prepared, cfg: TrainConfig, kl_ctl, mete
     def loss(sub: Batch, idx: list[int], denom: float, context: Context | None = None):
         w, mask = sub.input_ids.shape[1], sub.loss_mask.to(device())
         lp, ent = forward_logprobs(engines.actor, sub.input_ids, sub.attention_mask,
-                                      temperature=cfg.temperature, entropy=True, start=first_scored(sub.loss_mask),
-                                      share_prefix=share, context=context, entropy_grad=cfg.entropy_coef > 0)
+                                   temperature=cfg.rollout.temperature, entropy=True, start=first_scored(sub.loss_mask),
+                                   share_prefix=share, context=context, entropy_grad=cfg.algorithm.entropy_coef > 0)
         if prep.on_policy:  # one optimizer step: pi_old is the actor as it is now
             old = lp.detach() * mask
             beh = sub.behaviour_logprobs.to(device())
@@ -332,16 +333,16 @@ def _critic_loss(engines: Engines, prep: Prepared, cfg: TrainConfig):
     def loss(sub: Batch, idx: list[int], denom: float):
         w, mask = sub.input_ids.shape[1], sub.loss_mask.to(device())
         v = forward_values(engines.critic, sub.input_ids, sub.attention_mask)
-        vl = VALUE_LOSSES[cfg.value_loss]
+        vl = VALUE_LOSSES[cfg.critic.value_loss]
         return vl(values=v, old_values=take(prep.values, idx, w), returns=take(prep.returns, idx, w), mask=mask,
-                  denominator=denom, agg_mode=cfg.agg_mode, norm_constant=cfg.norm_constant, **vl.settings(cfg))
+                  denominator=denom, agg_mode=cfg.optim.agg_mode, norm_constant=cfg.norm_constant, **vl.settings(cfg))
 
     return loss
 
 
 def rl_update(engines: Engines, prep: Prepared, cfg: TrainConfig, kl_ctl, *, seed: int,
               train_actor: bool = True) -> dict[str, float]:
-    """cfg.epochs passes of shuffled mini-batches: the policy loss (+ entropy bonus, + KL loss) on the actor,
+    """cfg.optim.epochs passes of shuffled mini-batches: the policy loss (+ entropy bonus, + KL loss) on the actor,
     the value loss on the critic (ppo)."""
     batch, meter, t0 = prep.batch, Meter(), time.perf_counter()
     share = can_share_prefix(engines.actor)
@@ -351,28 +352,28 @@ def rl_update(engines: Engines, prep: Prepared, cfg: TrainConfig, kl_ctl, *, see
     tokens = 0
     signal = (prep.advantages * batch.loss_mask != 0).any(-1)
     actor_rows = set(range(batch.size))
-    if cfg.drop_zero_advantage:
+    if cfg.algorithm.drop_zero_advantage:
         actor_rows = set(signal.nonzero()[:, 0].tolist())
     meter.add("actor_sequences", len(actor_rows))
     # the share of rows whose advantage is non-zero somewhere: 0 means this update taught the actor nothing
     meter.add("signal_rows", float(signal.float().mean()) if batch.size else 0.0)
     if prep.on_policy and prep.behaviour_kl_rest[1] and engines.rank == 0:  # the rows not trained on
         meter.add("behaviour_kl", prep.behaviour_kl_rest[0] / prep.behaviour_kl_rest[1], prep.behaviour_kl_rest[1])
-    for _ in range(cfg.epochs):
+    for _ in range(cfg.optim.epochs):
         perm = torch.randperm(batch.size, generator=gen).tolist()
         if engines.critic is not None:
-            for start in range(0, batch.size, cfg.minibatch_size):
-                rows = perm[start:start + cfg.minibatch_size]
+            for start in range(0, batch.size, cfg.optim.minibatch_size):
+                rows = perm[start:start + cfg.optim.minibatch_size]
                 minibatch_step(engines.critic, batch, rows, cfg, engines, critic_loss, meter, prefix="critic_",
-                               summed=VALUE_LOSSES[cfg.value_loss].summed)
+                               summed=VALUE_LOSSES[cfg.critic.value_loss].summed)
         kept = [i for i in perm if i in actor_rows] if train_actor else []
-        for start in range(0, len(kept), cfg.minibatch_size):
-            rows = kept[start:start + cfg.minibatch_size]
+        for start in range(0, len(kept), cfg.optim.minibatch_size):
+            rows = kept[start:start + cfg.optim.minibatch_size]
             minibatch_step(engines.actor, batch, rows, cfg, engines, actor_loss, meter, share=share,
-                           summed=POLICY_LOSSES[cfg.policy_loss].summed)
+                           summed=POLICY_LOSSES[cfg.algorithm.policy_loss].summed)
             tokens += int(batch.attention_mask[torch.as_tensor(rows)].sum())
     out = meter.result()
-    if prep.ref_logprobs is not None and not KL_PLACEMENTS[cfg.kl_mode].in_rewards and "kl" in out:
+    if prep.ref_logprobs is not None and not KL_PLACEMENTS[cfg.kl.mode].in_rewards and "kl" in out:
         kl_ctl.update(out["kl"], batch.size)
     out["kl_coef"] = float(kl_ctl.value) if engines.ref is not None else 0.0
     out["train_tokens_per_s"] = tokens / max(time.perf_counter() - t0, 1e-9)
@@ -387,7 +388,7 @@ def sft_loss(engines: Engines, cfg: TrainConfig):
         mask = sub.loss_mask.to(device())
         lp, _ = forward_logprobs(engines.actor, sub.input_ids, sub.attention_mask,
                                     start=first_scored(sub.loss_mask), share_prefix=share, context=context)
-        loss = aggregate(-lp, mask, cfg.agg_mode, denominator=denom, norm_constant=cfg.norm_constant)
+        loss = aggregate(-lp, mask, cfg.optim.agg_mode, denominator=denom, norm_constant=cfg.norm_constant)
         with torch.no_grad():
             nll = float(masked_mean(-lp, mask))
         return loss, {"nll": nll}
@@ -411,5 +412,5 @@ def iteration_update(engines: Engines, seqs: list, cfg: TrainConfig, kl_ctl,
     Returns the batch and the metrics of prepare and the update."""
     batch = collate(seqs, engines.pad_id)
     prep, m_prep = prepare(engines, batch, cfg, kl_ctl)
-    m_upd = rl_update(engines, prep, cfg, kl_ctl, seed=cfg.seed + it, train_actor=it >= cfg.critic_warmup)
+    m_upd = rl_update(engines, prep, cfg, kl_ctl, seed=cfg.run.seed + it, train_actor=it >= cfg.critic.warmup)
     return batch, {**m_prep, **m_upd}

@@ -57,22 +57,22 @@ class TrainRun:
         if self.main and lake is None:
             raise TrajlakeError("rank 0 needs the lake")
         self.lake = lake if self.main else None
-        rid = config.run_id or runs.new_run_id(kind)
+        rid = config.run.id or runs.new_run_id(kind)
 
         def resolve():
             # the checkpoints and the trackers' logs (under <checkpoint_dir>/<run>) must not land among the lake's
             # files: refused here, before the lease, the model or the engines
-            check_output_path(lake.catalog, config.checkpoint_dir, "train config: checkpoint_dir")
+            check_output_path(lake.catalog, config.checkpoint.dir, "train config: checkpoint_dir")
             # and the run's own folder in it (checkpoint_dir "." beside ./lake with run id "lake" is the lake)
-            check_output_path(lake.catalog, Path(config.checkpoint_dir) / path_component(rid),
+            check_output_path(lake.catalog, Path(config.checkpoint.dir) / path_component(rid),
                               "train config: the run's checkpoint folder")
             run_lease.check(lake, rid)  # another live process runs it: refused before any work (reads only)
             try:
-                start_path, start_pid, base, new_row = resolve_model(lake, config.model)
+                start_path, start_pid, base, new_row = resolve_model(lake, config.run.model)
             except ConfigError:
                 raise
             except TrajlakeError as e:  # name the field: the path or id alone may not say which setting it is
-                raise ConfigError(f"train config: model {config.model!r}: {e}") from None
+                raise ConfigError(f"train config: model {config.run.model!r}: {e}") from None
             resume = last_checkpoint(lake, rid)
             stored = stored_train_run(lake, config, rid, start_pid, resume, spec_id=spec_id)
             return rid, start_path, start_pid, base, new_row, resume, stored
@@ -80,7 +80,7 @@ class TrainRun:
         (self.run_id, self.start_path, self.start_pid, self.base, self.new_row, self.resume,
          self.stored) = on_main(self.main, resolve)
         self.ledger: runs.OpenRun | None = None  # rank 0, inside life()
-        self.engine = self.cfg.rollout_engine  # the engine the rollouts play on: an `auto` run's choice (fresh.py)
+        self.engine = self.cfg.rollout.engine  # the engine the rollouts play on: an `auto` run's choice (fresh.py)
         self.rollout = None  # replicas > 1 or rollout_engine vllm: what the rollouts play on (rank 0)
         self.rollout_loaded: str | None = None  # the checkpoint it holds
         self.trackers = None  # report_to's trackers (rank 0, from start())
@@ -136,7 +136,7 @@ class TrainRun:
         if self.spec_id:
             config["reward_spec_id"] = self.spec_id  # what `reward_spec` held
         # before the first write: a tracker that cannot start (not installed) leaves the lake as it was
-        self.trackers = Trackers(self.cfg.report_to, self.metrics_log.parent, self.run_id, config)
+        self.trackers = Trackers(self.cfg.run.report_to, self.metrics_log.parent, self.run_id, config)
         policies = [PolicyRow(self.start_pid, run_id=self.run_id, base_model=self.base,
                                 checkpoint_uri=self.start_path, created_at=utc_now())] if self.new_row else []
         message = f"train: start run {self.run_id}"
@@ -157,9 +157,9 @@ class TrainRun:
         return engines
 
     def checkpoint(self, engines: Engines, state: dict[str, Any]) -> tuple[PolicyRow, Any]:
-        path = checkpoint_path(self.cfg.checkpoint_dir, self.run_id, self.step)
+        path = checkpoint_path(self.cfg.checkpoint.dir, self.run_id, self.step)
         save_checkpoint(engines, path, state={**state, **machine_state(self.world)},
-                        save_optimizer=self.cfg.save_optimizer)
+                        save_optimizer=self.cfg.checkpoint.save_optimizer)
         return policy_row(run_id=self.run_id, step=self.step, path=path, base_model=self.base,
                             parent=self.policy_id), path
 
@@ -167,7 +167,7 @@ class TrainRun:
     def metrics_log(self) -> Any:
         """`<checkpoint_dir>/<run>/metrics.jsonl`: every train_steps row, also readable while the run holds
         the lake (a DuckDB-file lake admits one process at a time)."""
-        return checkpoint_path(self.cfg.checkpoint_dir, self.run_id, 0).parent / "metrics.jsonl"
+        return checkpoint_path(self.cfg.checkpoint.dir, self.run_id, 0).parent / "metrics.jsonl"
 
     def commit(self, *, step: int, metrics: dict[str, Any], snapshot_read: int | None,
                policy: PolicyRow | None = None, spec_id: str | None = None,
@@ -206,8 +206,8 @@ def stored_train_run(lake: Lake, config: TrainConfig, run_id: str, start_policy:
     if run is None:
         return None
     done = resume.step if resume else 0
-    field = ALGOS[config.algo].counter  # iterations or sft_steps, as the algo's loop counts
-    if getattr(config, field) < done:
-        raise ConfigError(f"train config: {field} {getattr(config, field)} is fewer than the {done} run {run_id} "
+    field = ALGOS[config.run.algo].counter  # iterations or sft_steps, as the algo's loop counts
+    if config.value(field) < done:
+        raise ConfigError(f"train config: {field} {config.value(field)} is fewer than the {done} run {run_id} "
                           f"has done already: give {field} >= {done} to resume it (or use a new --run-id)")
     return run

@@ -48,7 +48,7 @@ Design: a policy loss computes a (B, T) loss matrix (zero outside the mask) and 
 are registered as :class:`~.core.Loss` entries that declare the TrainConfig fields they read (``params``) and
 which of their metrics are shares of the mini-batch's loss (``summed``), so the trainer writes
 ``loss_fn = POLICY_LOSSES[name]; loss_fn(log_probs=..., old_log_probs=..., advantages=..., mask=...,
-agg_mode=cfg.agg_mode, **loss_fn.settings(cfg))``; the entropy bonus and a KL loss are aggregated with the
+agg_mode=cfg.optim.agg_mode, **loss_fn.settings(cfg))``; the entropy bonus and a KL loss are aggregated with the
 same :func:`aggregate` and ``agg_mode``. For gradient accumulation over micro-batches pass ``denominator``:
 ``AGG_MODES[mode].count(mask)`` of the whole mini-batch (its tokens or its sequences, as the mode says), so
 the micro-batch losses add up to the mini-batch loss. KL controllers share one interface

@@ -30,6 +30,13 @@ RL_LOOP = "rl"
 SFT_LOOP = "sft"
 #: Each loop's counter: the TrainConfig field that says how long a run of it is (and may grow on a resume).
 LOOP_COUNTERS = {RL_LOOP: "iterations", SFT_LOOP: "sft_steps"}
+#: The TrainConfig sections each loop reads (a run of it holds only these): SFT plays held-out evals but no
+#: rollouts to learn from, so it has no advantages, KL anchor, critic, stored-rollout or async settings.
+LOOP_SECTIONS = {
+    RL_LOOP: ("run", "rollout", "eval", "data", "asynchronous", "algorithm", "kl", "critic", "optim", "engine",
+              "checkpoint"),
+    SFT_LOOP: ("run", "rollout", "eval", "optim", "engine", "checkpoint", "sft"),
+}
 
 
 @dataclass(frozen=True)
@@ -61,6 +68,11 @@ class Algo:
         return LOOP_COUNTERS[self.loop]
 
     @property
+    def sections(self) -> tuple[str, ...]:
+        """The TrainConfig sections a run of this algo holds (its loop's)."""
+        return LOOP_SECTIONS[self.loop]
+
+    @property
     def uses_advantages(self) -> bool:
         """Whether a run computes advantages (the RL loop does; SFT trains on the episodes' tokens alone)."""
         return self.loop == RL_LOOP
@@ -73,7 +85,7 @@ class Algo:
     def needs_reference(self, config: Any) -> bool:
         """Whether a run of `config` (a TrainConfig) builds a frozen reference policy: the RL loop does for a KL
         penalty (``kl_coef > 0``), whatever the algo."""
-        return self.loop == RL_LOOP and config.kl_coef > 0
+        return self.loop == RL_LOOP and config.kl.coef > 0
 
 
 ALGOS: Registry[Algo] = Registry("algo")

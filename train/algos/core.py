@@ -52,7 +52,7 @@ class Loss:
 
     def settings(self, config: Any) -> dict[str, Any]:
         """The hyper-parameters this loss reads, from `config` (a TrainConfig)."""
-        return {kw: getattr(config, name) for kw, name in self.params.items()}
+        return {kw: config.value(name) for kw, name in self.params.items()}
 
     def config_problem(self, config: Any) -> str | None:
         """What is wrong with the settings `config` gives this loss, as its rule says; None when nothing is."""
@@ -118,7 +118,7 @@ class Advantage:
 
     def settings(self, config: Any) -> dict[str, Any]:
         """The estimator's own settings, from `config` (a TrainConfig)."""
-        return {kw: getattr(config, name) for kw, name in self.params.items()}
+        return {kw: config.value(name) for kw, name in self.params.items()}
 
 
 def register_advantage(name: str, *aliases: str, needs_critic: bool = False, group_relative: bool = False,

@@ -134,9 +134,9 @@ class AdaptiveKLController:
     def config_problem(cls, config: Any) -> str | None:
         """What is wrong with a TrainConfig's KL settings for this controller: it adapts a starting coefficient
         towards a target over a horizon, so it needs all three."""
-        if not (config.kl_target and config.kl_horizon):
+        if not (config.kl.target and config.kl.horizon):
             return "kl_controller adaptive needs kl_target > 0 and kl_horizon > 0"
-        if config.kl_coef <= 0:
+        if config.kl.coef <= 0:
             return "kl_controller adaptive needs a starting kl_coef > 0"
         return None
 

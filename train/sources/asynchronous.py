@@ -73,8 +73,8 @@ def chunk_run_id(run_id: str, collector: int, chunk: int) -> str:
 def unused_groups(lake: Lake, config: TrainConfig) -> list[tuple[str, int]]:
     """(group, policy step) of every complete group of the run's collectors that its learner has not trained on,
     first played first (UNUSED_GROUPS_SQL)."""
-    rows = lake.query(UNUSED_GROUPS_SQL.format(run=sql_str(config.run_id), prefix=sql_str(chunk_prefix(config.run_id)),
-                                               samples=int(config.samples)))
+    rows = lake.query(UNUSED_GROUPS_SQL.format(run=sql_str(config.run.id), prefix=sql_str(chunk_prefix(config.run.id)),
+                                               samples=int(config.rollout.samples)))
     return list(rows.iter_rows())
 
 
@@ -99,7 +99,7 @@ class _Collector:
     def run(self) -> None:
         """Play until killed (the learner's end, or its process gone), waiting while the learner has plenty."""
         while True:
-            while self.backlog() >= BACKLOG_ITERATIONS * self.cfg.tasks:
+            while self.backlog() >= BACKLOG_ITERATIONS * self.cfg.rollout.tasks:
                 time.sleep(POLL_S)
             self.play(self.next_chunk())
 
@@ -107,17 +107,17 @@ class _Collector:
         """The complete groups the learner has not used that are fresh enough for its next update."""
         c = self.cfg
         newest = self.lake.query(f"SELECT coalesce(max(step), 0) AS n FROM policies WHERE run_id = "
-                                 f"{sql_str(c.run_id)}")["n"][0]
-        return sum(1 for _, v in unused_groups(self.lake, c) if v >= newest - c.async_staleness)
+                                 f"{sql_str(c.run.id)}")["n"][0]
+        return sum(1 for _, v in unused_groups(self.lake, c) if v >= newest - c.asynchronous.staleness)
 
     def next_chunk(self) -> int:
         """The number after this collector's stored chunks (a restarted collector never replays one)."""
-        mine = f"{chunk_prefix(self.cfg.run_id)}{self.index}-"
+        mine = f"{chunk_prefix(self.cfg.run.id)}{self.index}-"
         ids = self.lake.query(f"SELECT run_id FROM runs WHERE starts_with(run_id, {sql_str(mine)})")["run_id"]
         return 1 + max((int(x.removeprefix(mine)) for x in ids if x.removeprefix(mine).isdigit()), default=0)
 
     def newest_policy(self) -> str:
-        row = self.lake.query(f"SELECT policy_id FROM policies WHERE run_id = {sql_str(self.cfg.run_id)} "
+        row = self.lake.query(f"SELECT policy_id FROM policies WHERE run_id = {sql_str(self.cfg.run.id)} "
                               "ORDER BY step DESC NULLS LAST LIMIT 1")
         return row["policy_id"][0] if row.height else self.start_policy
 
@@ -129,13 +129,14 @@ class _Collector:
 
         c = self.cfg
         block = (chunk - 1) * self.collectors + self.index  # the collectors' chunks take the split's blocks in turn
-        cc = CollectConfig(**rollout_fields(c, concurrency=min(c.concurrency, c.tasks * c.samples),
-                                            max_turns=c.max_turns),
-                           policy=f"policy:{self.newest_policy()}", tasks=c.tasks, samples=c.samples,
-                           seed=(c.seed + block) % 2**31, run_id=chunk_run_id(c.run_id, self.index, chunk),
-                           progress=False, run_kind="collect", parent_run_id=c.run_id)
+        ro = c.rollout
+        cc = CollectConfig(**rollout_fields(ro, concurrency=min(ro.concurrency, ro.tasks * ro.samples),
+                                            max_turns=ro.max_turns),
+                           policy=f"policy:{self.newest_policy()}", tasks=c.rollout.tasks, samples=c.rollout.samples,
+                           seed=(c.run.seed + block) % 2**31, run_id=chunk_run_id(c.run.id, self.index, chunk),
+                           progress=False, run_kind="collect", parent_run_id=c.run.id)
         env = make_env(cc.env, **cc.env_args)
-        collect(replace(cc, task_offset=rotation_offset(block, c.tasks, env.split_size(cc.split))), self.lake)
+        collect(replace(cc, task_offset=rotation_offset(block, c.rollout.tasks, env.split_size(cc.split))), self.lake)
 
     def pid(self) -> int:
         import os
@@ -157,14 +158,14 @@ class AsyncRollouts:
         from trajlake.collect.ray_init import ensure_ray
 
         r, c = self.run, self.run.cfg
-        self.ray = ray = ensure_ray(c.async_collectors)
+        self.ray = ray = ensure_ray(c.asynchronous.collectors)
         # no collector of this run lives before the learner starts them (a driver's actors die with it), so a
         # chunk still marked running was cut off with an earlier learner process
         end_chunks_in_flight(r.lake, r.run_id, "its collector ended with an earlier learner process")
         actor = ray.remote(num_cpus=1, scheduling_strategy="SPREAD", max_restarts=COLLECTOR_RESTARTS,
                            max_task_retries=COLLECTOR_RESTARTS)(_Collector)
-        self.actors = [actor.remote(r.lake.catalog.raw, c, a, c.async_collectors, r.start_pid)
-                       for a in range(c.async_collectors)]
+        self.actors = [actor.remote(r.lake.catalog.raw, c, a, c.asynchronous.collectors, r.start_pid)
+                       for a in range(c.asynchronous.collectors)]
         self.loops = [a.run.remote() for a in self.actors]
 
     def _check_collectors(self) -> None:
@@ -183,12 +184,12 @@ class AsyncRollouts:
         t0 = time.perf_counter()
         while True:
             groups = unused_groups(r.lake, c)
-            fresh = [(g, v) for g, v in groups if v >= it - c.async_staleness]
-            if len(fresh) >= c.tasks:
+            fresh = [(g, v) for g, v in groups if v >= it - c.asynchronous.staleness]
+            if len(fresh) >= c.rollout.tasks:
                 break
             self._check_collectors()
             time.sleep(POLL_S)
-        chosen = fresh[:c.tasks]
+        chosen = fresh[:c.rollout.tasks]
         where = (f"starts_with(run_id, {sql_str(chunk_prefix(r.run_id))}) AND coalesce(group_id, episode_id) IN "
                  f"({sql_list(sorted(g for g, _ in chosen))})")
         score(r.lake, self.spec, where=where, run_id=r.run_id)

@@ -17,8 +17,9 @@ def eval_config(r: TrainRun, policy_id: str, step: int):
     from trajlake.evaluate.run import eval_collect_config
 
     c, policy = r.cfg, f"policy:{policy_id}"
-    ec = EvalConfig(**rollout_fields(c, split=c.eval_split, concurrency=min(c.concurrency, c.eval_tasks)),
-                    policies=(policy,), tasks=c.eval_tasks, greedy=True, seed=c.seed, progress=False)
+    ec = EvalConfig(**rollout_fields(c.rollout, split=c.eval.split,
+                                     concurrency=min(c.rollout.concurrency, c.eval.tasks)),
+                    policies=(policy,), tasks=c.eval.tasks, greedy=True, seed=c.run.seed, progress=False)
     return eval_collect_config(ec, policy, f"{r.run_id}/eval-{step}", parent_run_id=r.run_id)
 
 

@@ -75,19 +75,20 @@ def rollout_config(r: TrainRun, policy_id: str, it: int, round_: int = 0, played
     from trajlake.train.task_select import is_query
 
     c = r.cfg
-    seed = (c.seed + it + round_ * ROUND_SEED_STRIDE) % 2**31  # each round its own sampler stream
-    cc = CollectConfig(**rollout_fields(c, concurrency=min(c.concurrency, c.tasks * c.samples),
+    seed = (c.run.seed + it + round_ * ROUND_SEED_STRIDE) % 2**31  # each round its own sampler stream
+    ro = c.rollout
+    cc = CollectConfig(**rollout_fields(ro, concurrency=min(ro.concurrency, ro.tasks * ro.samples),
                                         max_turns=c.turns_at(it)),
-                       policy=f"policy:{policy_id}", tasks=c.tasks, samples=c.samples, seed=seed,
+                       policy=f"policy:{policy_id}", tasks=c.rollout.tasks, samples=c.rollout.samples, seed=seed,
                        run_id=round_run_id(r.run_id, it, round_), progress=False, run_kind="collect",
                        parent_run_id=r.run_id)
     env = make_env(cc.env, **cc.env_args)
-    if is_query(c.task_selector):
+    if is_query(c.rollout.task_selector):
         return replace(cc, task_positions=selected_positions(r, env, cc, it, played))
-    if not c.rotate_tasks:
+    if not c.rollout.rotate_tasks:
         return cc
-    block = it * c.sampling_rounds + round_
-    return replace(cc, task_offset=rotation_offset(block, c.tasks, env.split_size(cc.split)))
+    block = it * c.rollout.sampling_rounds + round_
+    return replace(cc, task_offset=rotation_offset(block, c.rollout.tasks, env.split_size(cc.split)))
 
 
 def selected_positions(r: TrainRun, env, cc, it: int, played: frozenset[int] = frozenset()) -> tuple[int, ...]:
@@ -102,17 +103,18 @@ def selected_positions(r: TrainRun, env, cc, it: int, played: frozenset[int] = f
     begun = runs.stored(r.lake, cc.run_id)
     if begun is not None and begun.config.get("task_positions"):
         return tuple(begun.config["task_positions"])
-    pool = c.task_pool or env.split_size(cc.split)
+    pool = c.rollout.task_pool or env.split_size(cc.split)
     if pool is None:
-        raise TaskSelectorError(f"task_selector {c.task_selector}: split {cc.split!r} of {cc.env} has no end; set "
-                                "task_pool (how many of its first tasks to choose from)")
-    if pool < c.tasks * c.sampling_rounds:
-        rounds = f" x sampling_rounds {c.sampling_rounds}" if c.sampling_rounds > 1 else ""
-        raise TaskSelectorError(f"task_selector {c.task_selector}: task_pool {pool} is smaller than tasks "
-                                f"{c.tasks}{rounds}")
+        raise TaskSelectorError(f"task_selector {c.rollout.task_selector}: split {cc.split!r} of {cc.env} has no "
+                                "end; set task_pool (how many of its first tasks to choose from)")
+    if pool < c.rollout.tasks * c.rollout.sampling_rounds:
+        rounds = f" x sampling_rounds {c.rollout.sampling_rounds}" if c.rollout.sampling_rounds > 1 else ""
+        raise TaskSelectorError(f"task_selector {c.rollout.task_selector}: task_pool {pool} is smaller than tasks "
+                                f"{c.rollout.tasks}{rounds}")
     candidates = env.tasks(cc.split, n=pool, difficulty=cc.difficulty)
-    return select_positions(r.lake, selector_query(c.task_selector), c.task_selector, candidates, run_id=r.run_id,
-                            iteration=it + 1, n=c.tasks, samples=c.samples, start_policy=r.start_pid,
+    selector = c.rollout.task_selector
+    return select_positions(r.lake, selector_query(selector), selector, candidates, run_id=r.run_id,
+                            iteration=it + 1, n=c.rollout.tasks, samples=c.rollout.samples, start_policy=r.start_pid,
                             exclude=played)
 
 
@@ -125,17 +127,18 @@ def choose_rollout_engine(r: TrainRun, engines: Engines) -> str:
 
     def facts() -> EngineFacts:
         params = sum(getattr(p, "ds_numel", p.numel()) for p in engines.actor.parameters())  # ZeRO-3: partitioned
-        evals = (c.iterations // c.eval_every + 1) * c.eval_tasks if c.eval_every else 0
-        played = 0 if c.train_filter else c.iterations * c.tasks * c.samples * c.sampling_rounds  # stored: none
+        evals = (c.run.iterations // c.eval.every + 1) * c.eval.tasks if c.eval.every else 0
+        ro = c.rollout  # a train_filter run plays none (stored rollouts)
+        played = 0 if c.data.train_filter else c.run.iterations * ro.tasks * ro.samples * ro.sampling_rounds
         episodes = played + evals
-        return EngineFacts(params, episodes * c.max_turns * c.max_new_tokens,
+        return EngineFacts(params, episodes * c.rollout.max_turns * c.rollout.max_new_tokens,
                            importlib.util.find_spec("vllm") is not None)
 
-    r.engine, why = resolve_engine(c.rollout_engine, facts)
-    if c.progress and c.rollout_engine != r.engine:
+    r.engine, why = resolve_engine(c.rollout.engine, facts)
+    if c.run.progress and c.rollout.engine != r.engine:
         from trajlake.core.display import console
 
-        console.print(f"rollout engine: {r.engine} ({c.rollout_engine}: {why})", soft_wrap=True, highlight=False)
+        console.print(f"rollout engine: {r.engine} ({c.rollout.engine}: {why})", soft_wrap=True, highlight=False)
     return r.engine
 
 
@@ -145,10 +148,10 @@ def _engine_policy(r: TrainRun, policy_id: str, path: str):
     c = r.cfg
     engine = ROLLOUT_ENGINES[r.engine]
     if r.rollout is None:
-        if c.replicas > 1:
+        if c.rollout.replicas > 1:
             from trajlake.collect.policies.replicas import ReplicatedPolicy
 
-            r.rollout = ReplicatedPolicy(f"{engine.scheme}:{path}", c.replicas, policy_id=policy_id)
+            r.rollout = ReplicatedPolicy(f"{engine.scheme}:{path}", c.rollout.replicas, policy_id=policy_id)
         else:
             r.rollout = engine.start(path, policy_id)
     elif r.rollout_loaded != path:
@@ -161,7 +164,7 @@ def collect_run(r: TrainRun, engines: Engines, policy_id: str, path: str, cc) ->
     """Rank 0 plays the collect run `cc` with the actor (or its replicas) into the store; returns its run id."""
     from trajlake.collect.rollout import EnvErrorsOnly, collect
 
-    separate = r.cfg.replicas > 1 or not ROLLOUT_ENGINES[r.engine].in_process
+    separate = r.cfg.rollout.replicas > 1 or not ROLLOUT_ENGINES[r.engine].in_process
     policy = _engine_policy(r, policy_id, path) if separate else _in_memory_policy(engines, policy_id, path)
     engines.actor.eval()
     try:
@@ -200,15 +203,15 @@ class FreshRollouts:
         r, c = self.run, self.run.cfg
         run_ids: list[str] = []
         played: frozenset[int] = frozenset()
-        for k in range(c.sampling_rounds):
+        for k in range(c.rollout.sampling_rounds):
             cc = rollout_config(r, r.policy_id, it, k, played)
             run_ids.append(collect_run(r, self.engines, r.policy_id, r.model_path, cc))
             score(r.lake, self.spec, where=f"run_id = {sql_str(run_ids[-1])}", run_id=r.run_id)
             played |= set(cc.task_positions or ())
-            if not c.min_outcome_groups or k + 1 == c.sampling_rounds:
+            if not c.rollout.min_outcome_groups or k + 1 == c.rollout.sampling_rounds:
                 break
             seqs = load_episodes(r.lake, _runs_filter(run_ids), snapshot=r.lake.current_snapshot())
-            if outcome_group_count(seqs) >= c.min_outcome_groups:
+            if outcome_group_count(seqs) >= c.rollout.min_outcome_groups:
                 break
         return _runs_filter(run_ids), len(run_ids)
 
@@ -235,17 +238,18 @@ def replay_filter(config: TrainConfig, run_id: str, it: int, lake: Lake, snapsho
     `replay_ratio / (1 - replay_ratio)` groups per fresh group, drawn (seeded by seed + it) from this run's
     rollouts of the last `replay_staleness` iterations (each one's every round) that `replay_filter`
     keeps. None: nothing to replay (no replay, the first iteration, or an empty pool)."""
-    if config.replay_ratio <= 0 or it == 0:
+    if config.data.replay_ratio <= 0 or it == 0:
         return None
-    runs = [round_run_id(run_id, j, k) for j in range(max(0, it - config.replay_staleness), it)
-            for k in range(config.sampling_rounds)]
-    pool = f"run_id IN ({sql_list(runs)})" + (f" AND ({config.replay_filter})" if config.replay_filter else "")
+    runs = [round_run_id(run_id, j, k) for j in range(max(0, it - config.data.replay_staleness), it)
+            for k in range(config.rollout.sampling_rounds)]
+    narrowed = config.data.replay_filter
+    pool = f"run_id IN ({sql_list(runs)})" + (f" AND ({narrowed})" if narrowed else "")
     need = ADVANTAGES[config.advantage_name].min_group_size
     groups = [g for g, n in lake.query(GROUPS_SQL.format(where=pool), snapshot=snapshot).iter_rows() if n >= need]
-    want = round(config.tasks * config.replay_ratio / (1 - config.replay_ratio))
+    want = round(config.rollout.tasks * config.data.replay_ratio / (1 - config.data.replay_ratio))
     if not groups or want == 0:
         return None
-    chosen = random.Random(config.seed + it).sample(groups, min(want, len(groups)))
+    chosen = random.Random(config.run.seed + it).sample(groups, min(want, len(groups)))
     return f"({pool}) AND coalesce(group_id, episode_id) IN ({sql_list(sorted(chosen))})"
 
 

@@ -61,7 +61,7 @@ def check_train_filter(lake: Lake, config: TrainConfig) -> None:
     """Raise, reading only, when `train_filter` is not a filter, matches nothing, selects episodes without
     behaviour log-probs (text-only policies: naming one of them and its policy), or has no group large enough
     for the advantage estimator."""
-    where, snap = config.train_filter, config.train_snapshot
+    where, snap = config.data.train_filter, config.data.train_snapshot
     n = check_episode_filter(lake, where, field="train_filter", snapshot=snap)
     if n == 0:
         raise ConfigError(f"train config: train_filter {where!r} matches no episodes (none that ended without an "
@@ -78,7 +78,7 @@ def check_train_filter(lake: Lake, config: TrainConfig) -> None:
 
 def _groups(lake: Lake, config: TrainConfig, snapshot: int | None) -> tuple[tuple[str, ...], int]:
     """The groups of the filter's episodes usable by the advantage estimator, and how many were too small."""
-    where = config.train_filter
+    where = config.data.train_filter
     rows = lake.query(GROUPS_SQL.format(where=where), snapshot=snapshot)
     need = ADVANTAGES[config.advantage_name].min_group_size  # 2 for an estimator comparing a group's samples
     groups = tuple(g for g, n in rows.iter_rows() if n >= need)
@@ -91,10 +91,10 @@ def _groups(lake: Lake, config: TrainConfig, snapshot: int | None) -> tuple[tupl
 def stored_data(lake: Lake, config: TrainConfig, spec, pinned: int | None) -> StoredData:
     """Score what `train_filter` selects (unless `train_snapshot` pins data already scored) and deal its
     groups; `pinned`: the snapshot a restarted run read before (the same data again)."""
-    where = config.train_filter
-    snap = pinned if pinned is not None else config.train_snapshot
+    where = config.data.train_filter
+    snap = pinned if pinned is not None else config.data.train_snapshot
     if snap is None:
-        score(lake, spec, where=where, run_id=config.run_id)  # what is scored already is skipped
+        score(lake, spec, where=where, run_id=config.run.id)  # what is scored already is skipped
         snap = lake.current_snapshot()
     groups, small = _groups(lake, config, snap)
     return StoredData(where, snap, groups, small)
@@ -107,7 +107,7 @@ class StoredRollouts:
         self.run, self.data, self.spec = run, data, spec
 
     def episodes(self, it: int) -> IterationEpisodes:
-        where = self.data.iteration_filter(it, self.run.cfg.tasks)
+        where = self.data.iteration_filter(it, self.run.cfg.rollout.tasks)
         seqs = load_episodes(self.run.lake, where, snapshot=self.data.snapshot, spec_id=self.spec.spec_id)
         return IterationEpisodes(self.data.snapshot, where, seqs, len(seqs))
 
