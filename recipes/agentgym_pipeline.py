@@ -165,7 +165,7 @@ def run(cfg: PipelineConfig) -> None:
         console.rule("4. SFT warm start on the imported episodes whose goals are not held out")
         sft_run = f"{cfg.prefix}-sft"
         stage = cfg.stage_config("sft")
-        sft = train_stage(lake, replace(stage, run_id=sft_run, model=str(model),
+        sft = train_stage(lake, stage.replace(run_id=sft_run, model=str(model),
                                         micro_batch=min(stage.optim.micro_batch, stage.optim.minibatch_size),
                                         sft_filter=sft_filter(import_run, cfg.max_context_tokens)))
         console.print(f"run {sft.run_id}: policy {sft.policy_id}")
@@ -173,7 +173,7 @@ def run(cfg: PipelineConfig) -> None:
         console.rule(f"5. GRPO on the real server: {stage.run.iterations} iterations of collect -> score -> update")
         # one optimizer step per iteration unless the grpo stage says otherwise
         batch = cfg.grpo.get("minibatch_size", stage.rollout.tasks * stage.rollout.samples)
-        grpo = train_stage(lake, replace(stage, run_id=f"{cfg.prefix}-grpo", model=f"run:{sft_run}",
+        grpo = train_stage(lake, stage.replace(run_id=f"{cfg.prefix}-grpo", model=f"run:{sft_run}",
                                          minibatch_size=batch))
         console.print(f"run {grpo.run_id}: policy {grpo.policy_id}")
         console.rule("6. held-out evaluation on the real server, before and after")

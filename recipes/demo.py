@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import sys
 import time
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -279,7 +279,7 @@ def recipe(cfg: DemoConfig, lake: Lake, model: Path) -> RecipeResult:
     evaluate_policies(cfg, lake, [f"hf:{model}"], model)
     if cfg.demos_from:  # their goals, before SFT reads the imported episodes outside them
         evaluate_policies(cfg, lake, [f"hf:{model}"], model, split="val")
-    log(f"5. SFT on the successful demonstrations, a checkpoint every {cfg.stage_config('sft').checkpoint_every} "
+    log(f"5. SFT on the successful demonstrations, a checkpoint every {cfg.stage_config('sft').checkpoint.every} "
         "steps, each on val")
     seconds["demos_s"], t = time.perf_counter() - t, time.perf_counter()
     sft = sft_to_plateau(cfg, lake, model, demonstrations_filter(cfg, demos), train_stage=train_stage,
@@ -298,7 +298,7 @@ def recipe(cfg: DemoConfig, lake: Lake, model: Path) -> RecipeResult:
     # one optimizer step per iteration unless the grpo stage says otherwise (e.g. minibatch_size=16: RAGEN's
     # several mini-batch steps per iteration)
     batch = cfg.grpo.get("minibatch_size", stage.rollout.tasks * stage.rollout.samples)
-    grpo = train_stage(lake, replace(stage, run_id=f"{cfg.prefix}-grpo", model=sft_policy, temperature=temperature,
+    grpo = train_stage(lake, stage.replace(run_id=f"{cfg.prefix}-grpo", model=sft_policy, temperature=temperature,
                                      minibatch_size=batch))
     seconds["grpo_s"] = time.perf_counter() - t
     seconds["grpo_s_per_iteration"] = seconds["grpo_s"] / stage.run.iterations

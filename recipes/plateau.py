@@ -46,18 +46,17 @@ def sft_to_plateau(cfg, lake: Lake, model: Path, sft_filter: str, *, train_stage
     over the best (a plateau) or its `sft_steps` is reached (the cap). The run is one train run extended stretch by
     stretch with its optimizer state saved, so it trains as one uninterrupted run would; a checkpoint already
     stored is not trained again."""
-    from dataclasses import replace
 
     sft = f"{cfg.prefix}-sft"
     stage = cfg.stage_config("sft")
-    stage = replace(stage, run_id=sft, model=str(model), sft_filter=sft_filter, save_optimizer=True,
+    stage = stage.replace(run_id=sft, model=str(model), sft_filter=sft_filter, save_optimizer=True,
                     micro_batch=min(stage.optim.micro_batch, stage.optim.minibatch_size))
     val: dict[int, float] = {}
     for k in plateau_steps(stage.checkpoint.every, stage.sft.steps):
         policy = f"policy:{sft}/step-{k}"
         stored = lake.query("SELECT count(*) AS n FROM policies WHERE policy_id = ?", [f"{sft}/step-{k}"])["n"][0]
         if not stored:
-            train_stage(lake, replace(stage, sft_steps=k))
+            train_stage(lake, stage.replace(sft_steps=k))
         summary = evaluate_policies(cfg, lake, [policy], model, split="val")
         val[k] = summary.filter(pl.col("policy") == policy)["success_rate"][0]
         best = plateau_reached(val, cfg.sft_patience)
