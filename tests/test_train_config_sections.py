@@ -133,3 +133,21 @@ def test_a_config_stored_before_the_sections_reads_back_as_its_run():
     assert config_from_stored(everything, "stored", run_id=None).run.id is None
     sft = config_from_stored({**everything, "algo": "sft"}, "stored")
     assert sft.sft.steps == 60 and sft.kl is None
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--config", str(CONFIGS_DIR / "sft-doors.toml"), "--kl.coef", "0.1"],
+     "sft-doors.toml: train config: algo sft has no [kl] section; leave out kl_coef"),
+    (["--config", "{old}"], "the [async] section is now [asynchronous]; rename the table"),
+])
+def test_the_train_command_refuses_a_section_in_one_line_before_any_lake_is_made(tmp_path, args, message):
+    import subprocess
+    import sys
+
+    old = tmp_path / "old.toml"
+    old.write_text('[run]\nmodel = "m"\n\n[async]\ncollectors = 2\n')
+    lake = tmp_path / "lake"
+    out = subprocess.run([sys.executable, "-m", "trajlake", "--lake", str(lake), "train",
+                          *[a.format(old=old) for a in args]], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 1 and message in out.stderr, out.stderr
+    assert len(out.stderr.strip().splitlines()) == 1 and not lake.exists()
