@@ -1,5 +1,7 @@
 """A checkpoint's DeepSpeed state leaves out the actor's weights (its safetensors hold them), and a resume still
-restores weights and optimizer state exactly, from such a checkpoint and from one that holds the weights."""
+restores weights and optimizer state exactly, from such a checkpoint and from one that holds the weights. Written
+in the background (the RL loop, train/checkpoint_writer.py), a checkpoint is the same files, and a folder whose
+writes had not ended is not one a run resumes from."""
 
 from __future__ import annotations
 
@@ -39,7 +41,8 @@ def test_resume_restores_weights_and_optimizer(model, tmp_path, monkeypatch, wit
     cfg, eng = _trained(model)
     if with_module:  # a checkpoint written before the weights were left out
         monkeypatch.setattr(CK, "_save_without_module",
-                            lambda e, folder, tag: e.save_checkpoint(str(folder), tag=tag, save_latest=False))
+                            lambda e, folder, tag, writer=None: e.save_checkpoint(str(folder), tag=tag,
+                                                                                  save_latest=False))
     CK.save(eng, tmp_path / "step-1", state={"step": 1}, save_optimizer=True)
     # DeepSpeed's own state file, written by this test just above (DeepSpeed pickles its config in it, so
     # weights_only cannot read it); trajlake itself never loads a pickle: its weights are safetensors
@@ -49,3 +52,56 @@ def test_resume_restores_weights_and_optimizer(model, tmp_path, monkeypatch, wit
     resumed = E.build_engines(cfg, str(tmp_path / "step-1"))
     assert CK.load_state(resumed, tmp_path / "step-1") == {"step": 1}
     assert _same_state(eng, resumed)
+
+
+def test_a_checkpoint_written_in_the_background_is_the_same_and_whole_only_once_written(model, tmp_path):
+    import threading
+
+    from trajlake.train.checkpoint_writer import PARTIAL, BackgroundWriter
+
+    cfg, eng = _trained(model)
+    CK.save(eng, tmp_path / "now", state={"step": 1}, save_optimizer=True)
+    writer, gate = BackgroundWriter(), threading.Event()
+    writer.submit(gate.wait)  # the disk is busy: the checkpoint's writes queue behind this
+    CK.save(eng, tmp_path / "later", state={"step": 1}, save_optimizer=True, writer=writer)
+    assert (tmp_path / "later" / "config.json").is_file()  # the weights are written before save returns
+    assert not CK.is_complete(tmp_path / "later") and CK.is_complete(tmp_path / "now")
+    assert not list((tmp_path / "later").rglob("*.pt")) and not list((tmp_path / "later").rglob(f"*{PARTIAL}"))
+    gate.set()
+    writer.close()
+    assert CK.is_complete(tmp_path / "later") and not list((tmp_path / "later").rglob(f"*{PARTIAL}"))
+    files = sorted(p.relative_to(tmp_path / "now") for p in (tmp_path / "now").rglob("*") if p.is_file())
+    assert files == sorted(p.relative_to(tmp_path / "later") for p in (tmp_path / "later").rglob("*") if p.is_file())
+    states = [torch.load(next((tmp_path / w / CK.DS_DIR / "actor").glob("*model_states.pt")), weights_only=False)
+              for w in ("now", "later")]
+    assert all(torch.equal(states[0]["optimizer"]["state"][i][k], states[1]["optimizer"]["state"][i][k])
+               for i in states[0]["optimizer"]["state"] for k in ("exp_avg", "exp_avg_sq"))
+    resumed = E.build_engines(cfg, str(tmp_path / "later"))
+    assert CK.load_state(resumed, tmp_path / "later") == {"step": 1} and _same_state(eng, resumed)
+
+
+def test_a_failed_background_write_is_raised_where_the_loop_waits(model, tmp_path):
+    from trajlake.train.checkpoint_writer import BackgroundWriter
+
+    _, eng = _trained(model)
+    writer = BackgroundWriter()
+    (tmp_path / "step-1").mkdir()
+    (tmp_path / "step-1" / CK.STATE_FILE).mkdir()  # a folder where the state file goes: its write fails
+    CK.save(eng, tmp_path / "step-1", state={"step": 1}, save_optimizer=True, writer=writer)
+    with pytest.raises(OSError):
+        writer.wait()
+    writer.close()  # the failure was raised once; the writer closes cleanly
+
+
+def test_a_run_resumes_from_the_last_whole_checkpoint(model, tmp_path, lake):
+    """The run stopped while step 2's optimizer state was being written: its rows are stored, its folder has no
+    trainer_state.json, and the run resumes from step 1 (step 2 is trained again, the same on the same machine)."""
+    _, eng = _trained(model)
+    for step in (1, 2):
+        path = tmp_path / f"step-{step}"
+        CK.save(eng, path, state={"step": step}, save_optimizer=True)
+        CK.commit(lake, run_id="r", step=step, metrics={}, snapshot_read=None,
+                  policy=CK.policy_row(run_id="r", step=step, path=path, base_model="tiny", parent=None))
+    assert CK.last_checkpoint(lake, "r").step == 2
+    (tmp_path / "step-2" / CK.STATE_FILE).unlink()
+    assert CK.last_checkpoint(lake, "r").step == 1

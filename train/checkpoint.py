@@ -29,6 +29,7 @@ from trajlake.core.ids import path_component
 from trajlake.schemas import Policy as PolicyRow
 from trajlake.schemas import TrainStep
 from trajlake.store import Lake
+from trajlake.train.checkpoint_writer import BackgroundWriter, write_whole
 from trajlake.train.distributed import barrier, is_main
 from trajlake.train.engine import Engines
 
@@ -55,8 +56,12 @@ def checkpoint_path(checkpoint_dir: str | Path, run_id: str, step: int) -> Path:
     return path
 
 
-def save(engines: Engines, path: Path, *, state: dict[str, Any], save_optimizer: bool) -> None:
-    """Write the checkpoint folder (every rank must call: gathering weights and DeepSpeed saves are collective)."""
+def save(engines: Engines, path: Path, *, state: dict[str, Any], save_optimizer: bool,
+         writer: BackgroundWriter | None = None) -> None:
+    """Write the checkpoint folder (every rank must call: gathering weights and DeepSpeed saves are collective).
+    With `writer` (one process), the actor's DeepSpeed state and then `trainer_state.json` are queued on it
+    (train/checkpoint_writer.py): the weights are on disk when this returns, the rest once `writer.wait()`
+    returns, and the folder is complete (`is_complete`) only then."""
     actor = engines.actor
     if is_main():
         path.mkdir(parents=True, exist_ok=True)
@@ -70,27 +75,49 @@ def save(engines: Engines, path: Path, *, state: dict[str, Any], save_optimizer:
     if is_main():
         engines.tokenizer.save_pretrained(path)
     if save_optimizer:
-        _save_without_module(actor, path / DS_DIR, "actor")
+        _save_without_module(actor, path / DS_DIR, "actor", writer)
         if engines.critic is not None:  # its weights are nowhere else: saved with its state
             engines.critic.save_checkpoint(str(path / DS_DIR), tag="critic", save_latest=False)
-    if is_main():
-        (path / STATE_FILE).write_text(json.dumps(state, indent=1))
+    if is_main():  # written last: a checkpoint folder is complete once it is there
+        text = json.dumps(state, indent=1)
+
+        def write_state() -> None:
+            write_whole(path / STATE_FILE, lambda partial: Path(partial).write_text(text))
+
+        if writer is not None:
+            writer.submit(write_state)
+        else:
+            write_state()
     barrier()
 
 
-def _save_without_module(engine, folder: Path, tag: str) -> None:
+def is_complete(path: str | Path) -> bool:
+    """Whether a checkpoint folder is whole: its weights (`config.json`) and its `trainer_state.json`, which
+    `save` writes after everything else (a process stopped while its optimizer state was being written in the
+    background leaves a folder without it)."""
+    path = Path(path)
+    return (path / "config.json").is_file() and (path / STATE_FILE).is_file()
+
+
+def _save_without_module(engine, folder: Path, tag: str, writer: BackgroundWriter | None = None) -> None:
     """The DeepSpeed state of the actor (optimizer moments, step counts) without the module's weights, which
     the checkpoint folder's safetensors hold and a resume loads from there (`load_state`): on SmolLM2-135M
     514 MB of the 1.6 GB DeepSpeed writes per checkpoint. Under ZeRO-3 the whole state (its partitions are
     the weights)."""
-    if engine.zero_optimization_stage() == 3:
-        engine.save_checkpoint(str(folder), tag=tag, save_latest=False)
-        return
-    engine.module_state_dict = lambda *a, **k: {}  # the instance's own, for this save only
+    own = engine.checkpoint_engine
+    if writer is not None:  # this save's files queued on the writer (the instance's own engine, for this save)
+        engine.checkpoint_engine = writer.engine(getattr(own, "zipfile_serialization", True))
     try:
-        engine.save_checkpoint(str(folder), tag=tag, save_latest=False)
+        if engine.zero_optimization_stage() == 3:
+            engine.save_checkpoint(str(folder), tag=tag, save_latest=False)
+            return
+        engine.module_state_dict = lambda *a, **k: {}  # the instance's own, for this save only
+        try:
+            engine.save_checkpoint(str(folder), tag=tag, save_latest=False)
+        finally:
+            del engine.module_state_dict
     finally:
-        del engine.module_state_dict
+        engine.checkpoint_engine = own
 
 
 def _load_module(src: dict, dst) -> None:
@@ -189,7 +216,7 @@ def last_checkpoint(lake: Lake, run_id: str) -> Resume | None:
         "JOIN policies p USING (policy_id) WHERE s.run_id = ? ORDER BY s.step DESC", [run_id]).to_dicts()
     for r in rows:
         uri = r["checkpoint_uri"]
-        if uri and (Path(uri) / "config.json").is_file():
+        if uri and is_complete(uri):
             m = r["metrics"]
             return Resume(int(r["step"]), r["policy_id"], uri, r["snapshot_read"],
                           json.loads(m) if isinstance(m, str) else (m or {}))

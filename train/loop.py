@@ -126,6 +126,7 @@ def _iteration(r: TrainRun, engines, source, spec, kl_ctl, data, streak: NoSigna
     if not got.seqs:
         raise TrajlakeError(f"iteration {it + 1}: the rollouts produced no agent tokens to train on")
     t1 = time.perf_counter()
+    r.settle()  # the last checkpoint's optimizer state on disk before the update changes it
     try:
         batch, m_upd = iteration_update(engines, got.seqs, c, kl_ctl, it)
     except NonFiniteError as e:  # before its checkpoint: nothing of the iteration is stored
@@ -137,7 +138,7 @@ def _iteration(r: TrainRun, engines, source, spec, kl_ctl, data, streak: NoSigna
     if warning and r.main:
         bar.warn(warning)
     r.step = it + 1
-    row, path = r.checkpoint(engines, {"step": r.step, "kl_controller": kl_ctl.state_dict()})
+    row, path = r.checkpoint(engines, {"step": r.step, "kl_controller": kl_ctl.state_dict()}, background=True)
     if c.eval.every and (r.step % c.eval.every == 0 or r.step == c.run.iterations):
         metrics.update(evaluate(r, engines, row.policy_id, str(path), r.step))
         now = EvalPoint(r.step, metrics["eval_success"], metrics["eval_episodes"])

@@ -36,6 +36,7 @@ from trajlake.train.checkpoint import (
 )
 from trajlake.train.checkpoint import commit as commit_step
 from trajlake.train.checkpoint import save as save_checkpoint
+from trajlake.train.checkpoint_writer import BackgroundWriter
 from trajlake.train.config import ConfigError, TrainConfig
 from trajlake.train.distributed import broadcast, init_distributed
 from trajlake.train.engine import Engines, build_engines
@@ -84,6 +85,7 @@ class TrainRun:
         self.rollout = None  # replicas > 1 or rollout_engine vllm: what the rollouts play on (rank 0)
         self.rollout_loaded: str | None = None  # the checkpoint it holds
         self.trackers = None  # report_to's trackers (rank 0, from start())
+        self.writer: BackgroundWriter | None = None  # the checkpoints' background writes (checkpoint())
         self.step = self.resume.step if self.resume else 0
         self.policy_id = self.resume.policy_id if self.resume else self.start_pid
         self.model_path = self.resume.checkpoint_uri if self.resume else self.start_path
@@ -113,10 +115,21 @@ class TrainRun:
         with stack:
             try:
                 yield
-            finally:
-                self._close()
+            except BaseException:
+                self._close(failing=True)
+                raise
+            self._close()
 
-    def _close(self) -> None:
+    def _close(self, failing: bool = False) -> None:
+        """The last checkpoint's writes finished (a failed write fails the run, unless it is failing already),
+        the trackers and the rollout engine closed."""
+        if self.writer is not None:
+            writer, self.writer = self.writer, None
+            try:
+                writer.close()
+            except Exception:
+                if not failing:
+                    raise
         if self.trackers is not None:
             self.trackers.close()
         if self.rollout is not None:
@@ -156,12 +169,23 @@ class TrainRun:
         self.state = load_state(engines, self.model_path) if self.resume else {}
         return engines
 
-    def checkpoint(self, engines: Engines, state: dict[str, Any]) -> tuple[PolicyRow, Any]:
+    def checkpoint(self, engines: Engines, state: dict[str, Any], *, background: bool = False) -> tuple[PolicyRow, Any]:
+        """Save step `self.step`'s checkpoint; its policy row. `background` (the RL loop, one process): the
+        optimizer state is written while the loop goes on (`settle` waits for it before the next update)."""
         path = checkpoint_path(self.cfg.checkpoint.dir, self.run_id, self.step)
+        if background and self.world == 1 and self.writer is None:
+            self.writer = BackgroundWriter()
         save_checkpoint(engines, path, state={**state, **machine_state(self.world)},
-                        save_optimizer=self.cfg.checkpoint.save_optimizer)
+                        save_optimizer=self.cfg.checkpoint.save_optimizer,
+                        writer=self.writer if background else None)
         return policy_row(run_id=self.run_id, step=self.step, path=path, base_model=self.base,
                             parent=self.policy_id), path
+
+    def settle(self) -> None:
+        """Wait until the last checkpoint is whole on disk (its optimizer state written in the background): before
+        an update changes that state, and before the run ends."""
+        if self.writer is not None:
+            self.writer.wait()
 
     @property
     def metrics_log(self) -> Any:
