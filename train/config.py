@@ -104,10 +104,11 @@ class TrainConfig:
             if f.name in uses and value is None:
                 object.__setattr__(self, f.name, f.metadata[SECTION]())
             elif f.name not in uses and value is not None:
-                given = sorted(set(leaf_values(value).items()) - set(leaf_values(type(value)()).items()))
+                defaults = leaf_values(type(value)())
+                given = [name for name, v in leaf_values(value).items() if v != defaults[name]]
                 if given:
                     raise ConfigError(f"train config: algo {self.run.algo} has no [{f.name}] section; leave out "
-                                      f"{', '.join(name for name, _ in given)}")
+                                      f"{', '.join(given)}")
                 object.__setattr__(self, f.name, None)
         check_numbers(self)
         check_train_config(self)
