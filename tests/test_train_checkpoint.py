@@ -72,6 +72,8 @@ def test_a_checkpoint_written_in_the_background_is_the_same_and_whole_only_once_
     assert CK.is_complete(tmp_path / "later") and not list((tmp_path / "later").rglob(f"*{PARTIAL}"))
     files = sorted(p.relative_to(tmp_path / "now") for p in (tmp_path / "now").rglob("*") if p.is_file())
     assert files == sorted(p.relative_to(tmp_path / "later") for p in (tmp_path / "later").rglob("*") if p.is_file())
+    # DeepSpeed's own state files, written by this test just above (as in the first test: its pickled config
+    # needs weights_only=False); trajlake itself never loads a pickle
     states = [torch.load(next((tmp_path / w / CK.DS_DIR / "actor").glob("*model_states.pt")), weights_only=False)
               for w in ("now", "later")]
     assert all(torch.equal(states[0]["optimizer"]["state"][i][k], states[1]["optimizer"]["state"][i][k])
