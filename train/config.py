@@ -139,11 +139,6 @@ class TrainConfig:
     def norm_constant(self) -> float:
         return float(self.optim.loss_norm_constant or self.rollout.max_new_tokens * self.rollout.max_turns)
 
-    @property
-    def steps(self) -> int:
-        """How long the run is: its loop's counter (iterations for RL, sft.steps for SFT)."""
-        return self.value(self._algo().counter)
-
     def accum_steps(self, world_size: int) -> int:
         """Micro-batches per optimizer step per process for `world_size` processes."""
         o = self.optim
