@@ -166,7 +166,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--temperatures", type=temperature_list, default=None, metavar="T,T,...",
                    help="rollout temperatures swept on val before GRPO (e.g. 0.5,0.7,1.0; 'none': no sweep)")
     p.add_argument("--task-selector", default=None, help="which train tasks GRPO plays: rotation, learnable or a "
-                   ".sql file (TrainConfig.task_selector)")
+                   ".sql file (TrainConfig's rollout.task_selector)")
     p.add_argument("--env", default=DemoConfig.env, help="env played (default doors; agentgym/textcraft: AgentGym's "
                    "real server, with its own defaults)")
     p.add_argument("--env-url", default=None, help="URL of the env's server (default for agentgym/textcraft: start "
