@@ -191,3 +191,38 @@ def test_gradient_accumulation_gives_the_same_step(model):
     # Adam divides by |g|: where a gradient is at rounding level, summation order moves the step a little
     # (1.2e-5 on 2 of 1M parameters on one CPU); a wrong accumulation moves whole steps of lr = 1e-3
     assert torch.allclose(p1, p2, atol=1e-4)
+
+
+def test_a_tied_embedding_takes_sparse_rows_and_the_step_is_the_same(model):
+    """The tiny model ties its embedding to its output projection: the engine takes the embedding's share of the
+    shared weight's gradient as sparse rows, the summed gradient the optimizer gets is dense, and the step equals
+    the dense one's."""
+    seqs = synthetic(8, group_size=4, scores=[0, 1, 0, 1, 1, 0, 0, 1])
+    cfg = small_cfg(model, lr=1e-3)
+    params, grads = [], []
+    for sparse in (True, False):
+        eng = _engines(cfg, model)
+        emb = eng.actor.module.get_input_embeddings()
+        assert emb.sparse and emb.weight is eng.actor.module.get_output_embeddings().weight
+        emb.sparse = sparse
+        grad_of_shared = []
+        emb.weight.register_post_accumulate_grad_hook(lambda p: grad_of_shared.append(p.grad.clone()))
+        _run(cfg, eng, seqs)
+        assert grad_of_shared and all(g.layout == torch.strided for g in grad_of_shared)
+        params.append(flat_params(eng.actor.module))
+        grads.append(torch.stack(grad_of_shared))
+    assert torch.allclose(grads[0], grads[1], atol=1e-7)
+    assert torch.allclose(params[0], params[1], atol=1e-6)
+
+
+def test_an_untied_embedding_and_zero3_keep_dense_gradients(model):
+    from trajlake.lm.load import load_model
+
+    tied = load_model(model)
+    assert not E.sparse_tied_embedding(tied, zero_stage=3) and not tied.get_input_embeddings().sparse
+    untied = load_model(model)
+    untied.get_output_embeddings().weight = torch.nn.Parameter(untied.get_input_embeddings().weight.detach().clone())
+    assert not E.sparse_tied_embedding(untied, zero_stage=0) and not untied.get_input_embeddings().sparse
+    frozen = load_model(model)
+    frozen.requires_grad_(False)
+    assert not E.sparse_tied_embedding(frozen, zero_stage=0)
