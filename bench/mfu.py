@@ -13,6 +13,8 @@ from pathlib import Path
 #: left out (sequences of about a hundred tokens), as PaLM's MFU leaves out recomputation: the work either side
 #: must do, over the time it took.
 FLOPS_PER_PARAM_TOKEN = 8
+#: of those, the update's: a forward and a backward pass over every sequence token
+UPDATE_FLOPS_PER_PARAM_TOKEN = 6
 
 
 def count_params(model_dir: str) -> int:
@@ -48,8 +50,11 @@ def matmul_peak(threads: int, n: int = 1024, repeats: int = 5) -> float:
         torch.set_num_threads(before)
 
 
-def mfu(summary: dict, prompt_tokens: int, params: int, peak: float) -> float:
+def mfu(summary: dict, prompt_tokens: int, params: int, peak: float, *, update: bool = False) -> float:
     """The share of `peak` a side's timed iterations used: FLOPS_PER_PARAM_TOKEN * params * (prompt and reply
-    tokens) per second. `prompt_tokens`: an iteration's prompt tokens (every prompt once per sample)."""
+    tokens) per second. `prompt_tokens`: an iteration's prompt tokens (every prompt once per sample). `update`:
+    the update's share of those FLOPs (UPDATE_FLOPS_PER_PARAM_TOKEN) over its own time (the mean `update_s`)."""
     tokens = summary["iterations"] * prompt_tokens + summary["tokens"]
+    if update:
+        return UPDATE_FLOPS_PER_PARAM_TOKEN * params * tokens / (summary["update_s"] * summary["iterations"]) / peak
     return FLOPS_PER_PARAM_TOKEN * params * tokens / summary["seconds"] / peak

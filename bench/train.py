@@ -225,6 +225,7 @@ def run_trl(args, model_dir: str, work: Path) -> dict:
         return out
 
     ends: list[float] = []
+    generating: list[float] = []  # per step: the batch's generation, rewards and advantages
 
     class Timer(TrainerCallback):
         def on_step_end(self, *a, **kw):
@@ -237,19 +238,32 @@ def run_trl(args, model_dir: str, work: Path) -> dict:
         num_generations=args.samples, max_completion_length=args.max_new_tokens, temperature=args.temperature,
         top_p=1.0, top_k=0, beta=0.0, num_iterations=1, epsilon=0.2, loss_type="dapo", scale_rewards="group",
         learning_rate=args.lr, weight_decay=0.0, adam_beta1=0.9, adam_beta2=0.999, adam_epsilon=1e-8,
-        optim="adamw_torch", lr_scheduler_type="constant", warmup_steps=0, max_grad_norm=1.0,
+        optim="adamw_torch_fused", lr_scheduler_type="constant", warmup_steps=0, max_grad_norm=1.0,
         shuffle_dataset=False, dataloader_num_workers=0, log_completions=False, gradient_checkpointing=False,
     )
     trainer = GRPOTrainer(model=model, reward_funcs=[env_goal], args=config, train_dataset=data,
                           processing_class=tokenizer, callbacks=[Timer()])
     _threads(args.threads)  # accelerate sets its own count when it finds a process group
+    generate = trainer._generate_and_score_completions  # once per step: the step's whole batch
+
+    def timed_generate(*a, **kw):
+        t = time.perf_counter()
+        try:
+            return generate(*a, **kw)
+        finally:
+            generating.append(time.perf_counter() - t)
+
+    trainer._generate_and_score_completions = timed_generate
     t0 = time.perf_counter()
     trainer.train()
     total = time.perf_counter() - t0
-    if len(tokens) != len(ends):
+    if not len(tokens) == len(generating) == len(ends):
         raise RuntimeError(f"TRL scored {len(tokens)} generation batches in {len(ends)} steps: expected one each")
-    its = [{"tokens": tokens[k], "episodes": n, "seconds": ends[k] - (ends[k - 1] if k else t0),
-            "reward_mean": rewards[k]} for k in range(len(ends))]
+    its = []
+    for k in range(len(ends)):
+        seconds = ends[k] - (ends[k - 1] if k else t0)
+        its.append({"tokens": tokens[k], "episodes": n, "seconds": seconds, "reward_mean": rewards[k],
+                    "update_s": seconds - generating[k]})
     prompt_ids = [list(tokenizer.apply_chat_template(m, add_generation_prompt=True, tokenize=True,
                                                      return_dict=True)["input_ids"]) for m in msgs]
     return {"side": "trl", "iterations": its, "total_seconds": total, "threads": torch.get_num_threads(),
@@ -298,8 +312,10 @@ def summarize(result: dict) -> dict:
     if "loop_seconds" in timed[0]:
         loop = sum(i["loop_seconds"] for i in timed)
         out.update(loop_seconds=loop, loop_tokens_per_s=tokens / loop,
-                   collect_s=sum(i["collect_s"] for i in timed) / len(timed),
-                   update_s=sum(i["update_s"] for i in timed) / len(timed))
+                   collect_s=sum(i["collect_s"] for i in timed) / len(timed))
+    if "update_s" in timed[0]:  # the policy update alone: its forward and backward passes, the optimizer step
+        out.update(update_s=sum(i["update_s"] for i in timed) / len(timed),
+                   update_tokens_per_s=tokens / sum(i["update_s"] for i in timed))
     return out
 
 
@@ -329,6 +345,9 @@ def report(args, sides: list[str], results: list[dict], load: tuple[float, float
             r = summary[s]
             if machine:
                 r["mfu"] = mfu(r, sum(prompt_len) * args.samples, machine["params"], machine["peak"])
+                if "update_s" in r:
+                    r["update_mfu"] = mfu(r, sum(prompt_len) * args.samples, machine["params"], machine["peak"],
+                                          update=True)
             loop = f"{r['loop_seconds']:>8.2f}{r['loop_tokens_per_s']:>11.0f}" if "loop_seconds" in r else ""
             its = " ".join(f"{x:.2f}" for x in r["per_iteration"])
             share = f"  MFU {r['mfu']:.1%}" if "mfu" in r else ""
@@ -338,8 +357,14 @@ def report(args, sides: list[str], results: list[dict], load: tuple[float, float
         if len(sides) == 2:
             row["ratio"] = summary["trajlake"]["tokens_per_s"] / summary["trl"]["tokens_per_s"]
             row["ratio_loop"] = summary["trajlake"]["loop_tokens_per_s"] / summary["trl"]["tokens_per_s"]
+            row["ratio_update"] = (summary["trajlake"]["update_tokens_per_s"]
+                                   / summary["trl"]["update_tokens_per_s"])
             print(f"      trajlake / TRL tokens/s: {row['ratio']:.2f}x whole iteration, "
                   f"{row['ratio_loop']:.2f}x without the checkpoint (collect_s + update_s)")
+            mfus = (f" (MFU {summary['trajlake']['update_mfu']:.1%} vs {summary['trl']['update_mfu']:.1%})"
+                    if machine else "")
+            print(f"      the update alone: {summary['trajlake']['update_s']:.2f} s vs {summary['trl']['update_s']:.2f}"
+                  f" s an iteration{mfus}: {row['ratio_update']:.2f}x")
         rows.append(row)
     if len(sides) == 2 and len(rows) > 1:
         tl = sum(r["trajlake"]["tokens"] for r in rows) / sum(r["trajlake"]["seconds"] for r in rows)
@@ -391,6 +416,8 @@ def headlines(args, rows: list[dict], load: tuple[float, float, float]) -> list[
         target=2.5 if args.model is None else 1.5,
         note=f"{len(rows)} rounds of {args.repeats} iterations: " + ", ".join(f"{r['ratio']:.2f}x" for r in rows)
         + f"; without the checkpoint {statistics.median(r['ratio_loop'] for r in rows):.2f}x (median)"
+        + (f"; the update alone {statistics.median(r['ratio_update'] for r in rows):.2f}x (median)"
+           if "ratio_update" in rows[0] else "")
         + (f"; MFU trajlake {statistics.median(r['trajlake']['mfu'] for r in rows):.1%}, TRL "
            f"{statistics.median(r['trl']['mfu'] for r in rows):.1%} of a measured fp32 matmul peak"
            if "mfu" in rows[0]["trajlake"] else ""),

@@ -58,16 +58,20 @@ def test_trl_side_and_report(bench, model, tmp_path, capsys):
     args = bench.parse_args(TINY)
     trl = bench.run_trl(args, model, tmp_path)
     _check(trl, args)
+    assert all(0 < it["update_s"] < it["seconds"] for it in trl["iterations"])  # the step less its generation
     # the report pairs the sides; a fake trajlake result with twice TRL's speed gives a ratio of 2
     fast = {**trl, "side": "trajlake", "iterations": [
         {**it, "seconds": it["seconds"] / 2, "loop_seconds": it["seconds"] / 2, "collect_s": 0.0,
-         "update_s": it["seconds"] / 2} for it in trl["iterations"]]}
+         "update_s": it["update_s"] / 2} for it in trl["iterations"]]}
     rows = bench.report(args, ["trl", "trajlake"], [{"trl": trl, "trajlake": fast}], (1.0, 1.0, 1.0),
                         {"params": bench.count_params(model), "peak": 1e9})
     assert rows[0]["ratio"] == pytest.approx(2.0)
     assert rows[0]["trajlake"]["mfu"] == pytest.approx(2 * rows[0]["trl"]["mfu"])  # the same work in half the time
+    assert rows[0]["ratio_update"] == pytest.approx(2.0)
+    assert rows[0]["trajlake"]["update_mfu"] == pytest.approx(2 * rows[0]["trl"]["update_mfu"])
     out = capsys.readouterr().out
     assert "trajlake / TRL tokens/s: 2.00x" in out and "MFU" in out
+    assert "the update alone:" in out and ": 2.00x" in out
 
 
 def test_cli_checks(bench):
@@ -106,3 +110,6 @@ def test_mfu_counts_every_sequence_token_against_the_measured_peak(bench, model)
     assert bench.matmul_peak(1, n=256, repeats=2) > 1e6 and torch.get_num_threads() == threads
     # 2 iterations of 50 prompt tokens and 100 reply tokens in all: 200 tokens x 8 x 1000 params in 2 s of 1 MFLOP/s
     assert bench.mfu({"iterations": 2, "tokens": 100, "seconds": 2.0}, 50, 1000, 1e6) == pytest.approx(0.8)
+    # the update's 6 of those 8 FLOPs per parameter and token, over its own 0.6 s an iteration
+    summary = {"iterations": 2, "tokens": 100, "seconds": 2.0, "update_s": 0.6}
+    assert bench.mfu(summary, 50, 1000, 1e6, update=True) == pytest.approx(1.0)
