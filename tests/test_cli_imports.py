@@ -11,8 +11,9 @@ import pytest
 
 from trajlake.store import Lake
 
-#: what no light command may import: the model stack, the dataframe libraries and what they pull in
-HEAVY = ("torch", "transformers", "deepspeed", "ray", "polars", "pyarrow", "pandas", "numpy")
+#: what no light command may import: the model stack, the dataframe libraries and what they pull in, and pydantic
+#: (typer 0.29 and later import it to coerce every option: a tenth of a second per command)
+HEAVY = ("torch", "transformers", "deepspeed", "ray", "polars", "pyarrow", "pandas", "numpy", "pydantic")
 
 RUN = """
 import json, sys
