@@ -79,17 +79,26 @@ class ValueModel(nn.Module):
         return F.pad(v[:, :-1], (1, 0))
 
 
-def sparse_tied_embedding(model: nn.Module, zero_stage: int) -> bool:
+#: the smallest tied embedding matrix whose gradient rows are taken sparse (`sparse_tied_embedding`): 32 MiB, the
+#: size above which glibc maps fresh pages for every new matrix (its largest mmap threshold), so each dense pass
+#: over it faults its pages in again
+SPARSE_EMBEDDING_MIN_BYTES = 32 * 2**20
+
+
+def sparse_tied_embedding(model: nn.Module, zero_stage: int, *, min_bytes: int = SPARSE_EMBEDDING_MIN_BYTES) -> bool:
     """Let a model whose input embedding is its output projection (tied weights, as SmolLM2's) take the
     embedding's share of the shared weight's gradient as sparse rows, which the output projection's dense share
     absorbs in place; returns whether it did. Dense, the embedding's backward fills a zero (vocab, hidden)
-    tensor and then adds it to the projection's, two fresh passes over 113 MB per micro-batch on SmolLM2-135M
-    (a tenth of its update). The weight's gradient is dense and the same either way (the two shares are summed
-    before it is accumulated). Left dense: an untied embedding (its gradient alone would reach the optimizer
-    sparse) and ZeRO-3, whose partitioned parameters DeepSpeed gathers and reduces itself."""
+    tensor and then adds it to the projection's, two passes over fresh memory per micro-batch: on SmolLM2-135M
+    (113 MB) a tenth of its update. The weight's gradient is dense either way (the two shares are summed before it
+    is accumulated), equal up to the order its rows' terms are summed in. Left dense: a matrix under `min_bytes`
+    (its passes cost nothing measurable, and a run's rounding stays as it was), an untied embedding (its gradient
+    alone would reach the optimizer sparse) and ZeRO-3, whose partitioned parameters DeepSpeed gathers and reduces
+    itself."""
     emb, out = model.get_input_embeddings(), model.get_output_embeddings()
     if (zero_stage == 3 or not isinstance(emb, nn.Embedding) or out is None or out.weight is not emb.weight
-            or emb.max_norm is not None or not emb.weight.requires_grad):
+            or emb.max_norm is not None or not emb.weight.requires_grad
+            or emb.weight.numel() * emb.weight.element_size() < min_bytes):
         return False
     emb.sparse = True
     return True
