@@ -258,7 +258,8 @@ def run_trl(args, model_dir: str, work: Path) -> dict:
     trainer.train()
     total = time.perf_counter() - t0
     if not len(tokens) == len(generating) == len(ends):
-        raise RuntimeError(f"TRL scored {len(tokens)} generation batches in {len(ends)} steps: expected one each")
+        raise RuntimeError(f"TRL generated {len(generating)} and scored {len(tokens)} batches in {len(ends)} steps: "
+                           "expected one each")
     its = []
     for k in range(len(ends)):
         seconds = ends[k] - (ends[k - 1] if k else t0)
