@@ -72,12 +72,9 @@ def test_a_checkpoint_written_in_the_background_is_the_same_and_whole_only_once_
     assert CK.is_complete(tmp_path / "later") and not list((tmp_path / "later").rglob(f"*{PARTIAL}"))
     files = sorted(p.relative_to(tmp_path / "now") for p in (tmp_path / "now").rglob("*") if p.is_file())
     assert files == sorted(p.relative_to(tmp_path / "later") for p in (tmp_path / "later").rglob("*") if p.is_file())
-    # DeepSpeed's own state files, written by this test just above (as in the first test: its pickled config
-    # needs weights_only=False); trajlake itself never loads a pickle
-    states = [torch.load(next((tmp_path / w / CK.DS_DIR / "actor").glob("*model_states.pt")), weights_only=False)
-              for w in ("now", "later")]
-    assert all(torch.equal(states[0]["optimizer"]["state"][i][k], states[1]["optimizer"]["state"][i][k])
-               for i in states[0]["optimizer"]["state"] for k in ("exp_avg", "exp_avg_sq"))
+    # the same bytes as the synchronous save's (DeepSpeed's state files included: compared as bytes, never
+    # unpickled)
+    assert all((tmp_path / "now" / f).read_bytes() == (tmp_path / "later" / f).read_bytes() for f in files)
     resumed = E.build_engines(cfg, str(tmp_path / "later"))
     assert CK.load_state(resumed, tmp_path / "later") == {"step": 1} and _same_state(eng, resumed)
 

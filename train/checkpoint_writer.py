@@ -4,7 +4,7 @@ the next iteration's rollouts play.
 An RL iteration's checkpoint holds the optimizer state (Adam's two moments: 1.07 GB for SmolLM2-135M), and its
 save is bound by the disk, not the CPU (bench/README.md: 2.2-4.4 s a step at 345 MB/s). DeepSpeed hands every file
 of a save to its checkpoint engine (`engine.checkpoint_engine.save(state_dict, path)`); `BackgroundWriter`'s
-engine queues each write on one thread instead, as `<file>.partial` renamed to `<file>` when whole, and the
+engine queues each write on one thread instead, as `<file stem>.partial` renamed to `<file>` when whole, and the
 checkpoint's `trainer_state.json` after them (the same queue, so it is written last: a checkpoint is complete
 when that file is there, `checkpoint.is_complete`). Nothing writes the state while it is queued: the RL loop
 calls `wait()` before its next update changes it (rollouts and evaluations read the weights, not the optimizer),
@@ -16,6 +16,7 @@ from __future__ import annotations
 import os
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -53,8 +54,10 @@ class BackgroundWriter:
 
 
 def write_whole(path: str | os.PathLike, write: Callable[[str], Any]) -> None:
-    """`write(partial)` to `<path>.partial`, then rename it to `path`: a file at `path` is always whole."""
-    partial = f"{path}{PARTIAL}"
+    """`write(partial)` to `path` with its suffix replaced by `.partial`, then rename it to `path`: a file at `path`
+    is always whole. The suffix is replaced, not appended to, because torch.save names its archive's records after
+    the file's name less its suffix: so a state file written this way holds the same bytes as one saved in place."""
+    partial = str(Path(path).with_suffix(PARTIAL))
     write(partial)
     os.replace(partial, path)
 
