@@ -205,7 +205,7 @@ def test_a_tied_embedding_takes_sparse_rows_and_the_step_is_the_same(model):
         assert emb.weight is eng.actor.module.get_output_embeddings().weight
         emb.sparse = sparse
         grad_of_shared = []
-        emb.weight.register_post_accumulate_grad_hook(lambda p: grad_of_shared.append(p.grad.clone()))
+        emb.weight.register_post_accumulate_grad_hook(lambda p, out=grad_of_shared: out.append(p.grad.clone()))
         _run(cfg, eng, seqs)
         assert grad_of_shared and all(g.layout == torch.strided for g in grad_of_shared)
         params.append(flat_params(eng.actor.module))

@@ -98,7 +98,7 @@ def sparse_tied_embedding(model: nn.Module, zero_stage: int, *, min_bytes: int =
     emb, out = model.get_input_embeddings(), model.get_output_embeddings()
     if (zero_stage == 3 or not isinstance(emb, nn.Embedding) or out is None or out.weight is not emb.weight
             or emb.max_norm is not None or not emb.weight.requires_grad
-            or emb.weight.numel() * emb.weight.element_size() < min_bytes):
+            or emb.weight.nbytes < min_bytes):
         return False
     emb.sparse = True
     return True
